@@ -1,0 +1,125 @@
+package roce
+
+import "encoding/binary"
+
+// BTHLen is the length of the Base Transport Header.
+const BTHLen = 12
+
+// BTH is a view of the Base Transport Header (IBA vol. 1, 9.2).
+//
+//	 0                   1                   2                   3
+//	 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1
+//	+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+
+//	|    OpCode     |S|M|Pad| TVer  |             P_Key             |
+//	+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+
+//	|F|B|  resv6    |                    DestQP                     |
+//	+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+
+//	|A|   resv7     |                      PSN                      |
+//	+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+
+//
+// S = solicited event, M = MigReq, Pad = pad count, TVer = transport
+// version (0), F/B = FECN/BECN (RoCEv2 congestion notification), A = AckReq.
+// The ICRC masks the whole byte holding F, B and resv6 (resv8a) to 1s.
+type BTH []byte
+
+// BTHFields holds the fields of a BTH. Reserved bits are written as 0.
+type BTHFields struct {
+	Opcode         Opcode
+	SolicitedEvent bool
+	MigReq         bool
+	PadCount       uint8
+	TVer           uint8
+	PKey           uint16
+	FECN, BECN     bool
+	DestQP         uint32
+	AckReq         bool
+	PSN            PSN
+}
+
+// DefaultPKey is the default full-membership partition key.
+const DefaultPKey = 0xFFFF
+
+// QPNMask masks a 24-bit queue pair number.
+const QPNMask = 0xFFFFFF
+
+// Opcode returns the opcode.
+func (b BTH) Opcode() Opcode { return Opcode(b[0]) }
+
+// SolicitedEvent reports the SE bit.
+func (b BTH) SolicitedEvent() bool { return b[1]&0x80 != 0 }
+
+// MigReq reports the M bit.
+func (b BTH) MigReq() bool { return b[1]&0x40 != 0 }
+
+// PadCount returns the number of pad bytes after the payload (0…3).
+func (b BTH) PadCount() uint8 { return b[1] >> 4 & 0x3 }
+
+// TVer returns the transport header version.
+func (b BTH) TVer() uint8 { return b[1] & 0x0F }
+
+// PKey returns the partition key.
+func (b BTH) PKey() uint16 { return binary.BigEndian.Uint16(b[2:4]) }
+
+// FECN reports the forward explicit congestion notification bit.
+func (b BTH) FECN() bool { return b[4]&0x80 != 0 }
+
+// BECN reports the backward explicit congestion notification bit.
+func (b BTH) BECN() bool { return b[4]&0x40 != 0 }
+
+// DestQP returns the destination queue pair number.
+func (b BTH) DestQP() uint32 { return binary.BigEndian.Uint32(b[4:8]) & QPNMask }
+
+// AckReq reports the acknowledge request bit.
+func (b BTH) AckReq() bool { return b[8]&0x80 != 0 }
+
+// PSN returns the packet sequence number.
+func (b BTH) PSN() PSN { return PSN(binary.BigEndian.Uint32(b[8:12]) & PSNMask) }
+
+// SetPSN sets the PSN, keeping the AckReq bit.
+func (b BTH) SetPSN(p PSN) {
+	binary.BigEndian.PutUint32(b[8:12], uint32(b[8]&0x80)<<24|uint32(p)&PSNMask)
+}
+
+// SetAckReq sets or clears the AckReq bit.
+func (b BTH) SetAckReq(v bool) {
+	if v {
+		b[8] |= 0x80
+	} else {
+		b[8] &^= 0x80
+	}
+}
+
+// Fields returns all fields.
+func (b BTH) Fields() BTHFields {
+	return BTHFields{
+		Opcode:         b.Opcode(),
+		SolicitedEvent: b.SolicitedEvent(),
+		MigReq:         b.MigReq(),
+		PadCount:       b.PadCount(),
+		TVer:           b.TVer(),
+		PKey:           b.PKey(),
+		FECN:           b.FECN(),
+		BECN:           b.BECN(),
+		DestQP:         b.DestQP(),
+		AckReq:         b.AckReq(),
+		PSN:            b.PSN(),
+	}
+}
+
+func bit(v bool, mask byte) byte {
+	if v {
+		return mask
+	}
+	return 0
+}
+
+// Encode writes all fields of f.
+func (b BTH) Encode(f *BTHFields) {
+	b[0] = byte(f.Opcode)
+	b[1] = bit(f.SolicitedEvent, 0x80) | bit(f.MigReq, 0x40) | (f.PadCount&3)<<4 | f.TVer&0x0F
+	binary.BigEndian.PutUint16(b[2:4], f.PKey)
+	binary.BigEndian.PutUint32(b[4:8], f.DestQP&QPNMask)
+	b[4] = bit(f.FECN, 0x80) | bit(f.BECN, 0x40)
+	binary.BigEndian.PutUint32(b[8:12], uint32(f.PSN)&PSNMask)
+	b[8] = bit(f.AckReq, 0x80)
+}

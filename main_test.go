@@ -1,0 +1,78 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/taproce/taproce/internal/testvectors"
+)
+
+func runCmd(args ...string) (int, string, string) {
+	var out, errb bytes.Buffer
+	code := run(args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestDecodeCommand(t *testing.T) {
+	dir := testvectors.Dir(t)
+	files, _ := filepath.Glob(filepath.Join(dir, "*.pcap"))
+	code, out, errOut := runCmd(append([]string{"decode"}, files...)...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if !strings.Contains(out, "icrc=ok") || strings.Contains(out, "icrc=BAD") {
+		t.Fatalf("unexpected output:\n%.2000s", out)
+	}
+	if !strings.Contains(errOut, " 0 bad") {
+		t.Fatalf("summary: %s", errOut)
+	}
+
+	// Flip one payload byte of one RoCE frame: exit status 1.
+	data, err := os.ReadFile(filepath.Join(dir, "rxe-send.pcap"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx := bytes.Index(data, []byte{0x12, 0xB7}) // first UDP/4791 destination port
+	if idx < 0 {
+		t.Fatal("no RoCE frame in rxe-send.pcap")
+	}
+	data[idx+30] ^= 0x01 // inside the BTH or payload, covered by the ICRC
+	bad := filepath.Join(t.TempDir(), "bad.pcap")
+	if err := os.WriteFile(bad, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, _ = runCmd("decode", bad)
+	if code != 1 || !strings.Contains(out, "icrc=BAD(want 0x") {
+		t.Fatalf("corrupted capture: exit %d\n%.1500s", code, out)
+	}
+	code, out, _ = runCmd("decode", "--json", filepath.Join(dir, "rxe-read.pcap"))
+	if code != 0 || !strings.HasPrefix(out, "{") {
+		t.Fatalf("--json: exit %d\n%.500s", code, out)
+	}
+}
+
+func TestCommandLine(t *testing.T) {
+	tests := []struct {
+		args []string
+		code int
+		out  string
+	}{
+		{nil, 2, ""},
+		{[]string{"nonsense"}, 2, ""},
+		{[]string{"help"}, 0, "decode"},
+		{[]string{"--version"}, 0, "taproce "},
+		{[]string{"version"}, 0, "taproce "},
+		{[]string{"decode"}, 2, ""},
+		{[]string{"decode", "-h"}, 0, ""},
+		{[]string{"decode", "/nonexistent/file.pcap"}, 2, ""},
+	}
+	for _, tt := range tests {
+		code, out, _ := runCmd(tt.args...)
+		if code != tt.code || !strings.Contains(out, tt.out) {
+			t.Errorf("taproce %v: exit %d, out %q; want %d and %q", tt.args, code, out, tt.code, tt.out)
+		}
+	}
+}
