@@ -106,20 +106,19 @@ func (b BTH) Fields() BTHFields {
 	}
 }
 
-func bit(v bool, mask byte) byte {
+// b2u is 1 for true and 0 for false.
+func b2u(v bool) uint32 {
 	if v {
-		return mask
+		return 1
 	}
 	return 0
 }
 
 // Encode writes all fields of f.
 func (b BTH) Encode(f *BTHFields) {
-	b[0] = byte(f.Opcode)
-	b[1] = bit(f.SolicitedEvent, 0x80) | bit(f.MigReq, 0x40) | (f.PadCount&3)<<4 | f.TVer&0x0F
-	binary.BigEndian.PutUint16(b[2:4], f.PKey)
-	binary.BigEndian.PutUint32(b[4:8], f.DestQP&QPNMask)
-	b[4] = bit(f.FECN, 0x80) | bit(f.BECN, 0x40)
-	binary.BigEndian.PutUint32(b[8:12], uint32(f.PSN)&PSNMask)
-	b[8] = bit(f.AckReq, 0x80)
+	_ = b[11]
+	binary.BigEndian.PutUint32(b[0:4], uint32(f.Opcode)<<24|b2u(f.SolicitedEvent)<<23|b2u(f.MigReq)<<22|
+		uint32(f.PadCount&3)<<20|uint32(f.TVer&0xF)<<16|uint32(f.PKey))
+	binary.BigEndian.PutUint32(b[4:8], b2u(f.FECN)<<31|b2u(f.BECN)<<30|f.DestQP&QPNMask)
+	binary.BigEndian.PutUint32(b[8:12], b2u(f.AckReq)<<31|uint32(f.PSN)&PSNMask)
 }

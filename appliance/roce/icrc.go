@@ -19,13 +19,17 @@ import (
 // and is stored after the pad as a little-endian 32-bit word: the same
 // value Go's crc32.ChecksumIEEE and Linux rxe (rxe_icrc.c) produce.
 //
-// The masked headers (IP, UDP, BTH: 40 or 60 bytes) are copied to the stack,
-// masked there and run through a small slicing-by-8 CRC of our own; the
-// rest goes through crc32.Update, which uses the CPU's carry-less multiply.
-// crc32.Update itself cannot take the stack copy: it calls through a
-// function variable, so its argument escapes and would cost an allocation
-// per packet. The frame is only read, so VerifyICRC is safe on shared
-// buffers.
+// Checking a received frame (icrc): the masked headers (IP, UDP, BTH: 40 or
+// 60 bytes) are copied to the stack, masked there and run through a small
+// slicing-by-8 CRC of our own; the rest goes through crc32.Update, which
+// uses the CPU's carry-less multiply. crc32.Update itself cannot take the
+// stack copy: it calls through a function variable, so its argument
+// escapes and would cost an allocation per packet. The frame is only read,
+// so VerifyICRC is safe on shared buffers.
+//
+// Building a frame (Packet.Encode): the headers are first written with the
+// masked fields already set to 1s, the whole covered range goes through one
+// crc32.Update, and the real values are written afterwards.
 
 // crcMaskedLRH is the running CRC after the 8 bytes of 0xFF, so each
 // packet's CRC starts from it.
@@ -88,42 +92,6 @@ func icrc(frame []byte, ipv6 bool, end int) uint32 {
 	h[bth+4] = 0xFF                 // resv8a
 	crc := crcHeaders(crcMaskedLRH, h[:n])
 	return crc32.Update(crc, crc32.IEEETable, frame[EthernetLen+n:end])
-}
-
-// icrcInPlace computes the ICRC of a frame being built: it writes the
-// masked values into the frame's own header bytes, runs one crc32.Update
-// over the whole covered range, and writes back the real values. Encode
-// uses it because the frame is its own to write, and one pass of the
-// carry-less-multiply CRC beats a separate pass over the masked headers.
-func icrcInPlace(frame []byte, ipv6 bool, end int) uint32 {
-	l3 := frame[EthernetLen:end]
-	var saved [8]byte
-	var bth int
-	if ipv6 {
-		bth = IPv6Len + UDPLen
-		copy(saved[0:4], l3[0:4])
-		saved[4] = l3[7]
-		l3[0] |= 0x0F
-		l3[1], l3[2], l3[3] = 0xFF, 0xFF, 0xFF
-		l3[7] = 0xFF
-	} else {
-		bth = IPv4Len + UDPLen
-		saved[0], saved[1], saved[2], saved[3] = l3[1], l3[8], l3[10], l3[11]
-		l3[1], l3[8], l3[10], l3[11] = 0xFF, 0xFF, 0xFF, 0xFF
-	}
-	saved[5], saved[6], saved[7] = l3[bth-2], l3[bth-1], l3[bth+4]
-	l3[bth-2], l3[bth-1], l3[bth+4] = 0xFF, 0xFF, 0xFF
-
-	crc := crc32.Update(crcMaskedLRH, crc32.IEEETable, l3)
-
-	if ipv6 {
-		copy(l3[0:4], saved[0:4])
-		l3[7] = saved[4]
-	} else {
-		l3[1], l3[8], l3[10], l3[11] = saved[0], saved[1], saved[2], saved[3]
-	}
-	l3[bth-2], l3[bth-1], l3[bth+4] = saved[5], saved[6], saved[7]
-	return crc
 }
 
 // ComputeICRC returns the ICRC the packet p, as parsed from or encoded into

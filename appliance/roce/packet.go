@@ -2,6 +2,7 @@ package roce
 
 import (
 	"encoding/binary"
+	"hash/crc32"
 	"net/netip"
 )
 
@@ -274,40 +275,38 @@ func (p *Packet) Encode(b []byte) (int, error) {
 		return 0, ErrLength
 	}
 	b = b[:n]
-	eth := Ethernet(b)
-	eth.SetDst(p.DstMAC)
-	eth.SetSrc(p.SrcMAC)
+	bthOff := l4 + UDPLen
+	icrcOff := n - ICRCLen
+
+	// IP, UDP and BTH go first and with the ICRC's masked fields set to
+	// 1s, so that the CRC can run over the frame as it stands; the real
+	// values follow once it has.
 	if p.IPv6 {
-		eth.SetEtherType(EtherTypeIPv6)
-		IPv6(b[EthernetLen:]).Encode(&IPv6Fields{
-			TrafficClass:  p.TOS,
-			FlowLabel:     p.FlowLabel,
-			PayloadLength: uint16(udpLen),
-			NextHeader:    IPProtoUDP,
-			HopLimit:      p.TTL,
-			Src:           p.Src,
-			Dst:           p.Dst,
-		})
+		h := b[EthernetLen:l4]
+		src, dst := p.Src.As16(), p.Dst.As16()
+		binary.BigEndian.PutUint32(h[0:4], 0x6FFFFFFF)
+		binary.BigEndian.PutUint32(h[4:8], uint32(udpLen)<<16|IPProtoUDP<<8|0xFF)
+		copy(h[8:24], src[:])
+		copy(h[24:40], dst[:])
 	} else {
-		eth.SetEtherType(EtherTypeIPv4)
-		// Written field by field rather than through IPv4.Encode: this is
-		// the per-packet path.
-		h := IPv4(b[EthernetLen : EthernetLen+IPv4Len])
+		h := b[EthernetLen:l4]
 		src, dst := p.Src.As4(), p.Dst.As4()
-		binary.BigEndian.PutUint32(h[0:4], 0x45<<24|uint32(p.TOS)<<16|uint32(IPv4Len+udpLen))
+		binary.BigEndian.PutUint32(h[0:4], 0x45FF<<16|uint32(IPv4Len+udpLen))
 		var flags uint32
 		if p.DontFragment {
 			flags = ipv4FlagDF
 		}
 		binary.BigEndian.PutUint32(h[4:8], uint32(p.ID)<<16|flags)
-		binary.BigEndian.PutUint32(h[8:12], uint32(p.TTL)<<24|IPProtoUDP<<16)
+		binary.BigEndian.PutUint32(h[8:12], 0xFF<<24|IPProtoUDP<<16|0xFFFF)
 		copy(h[12:16], src[:])
 		copy(h[16:20], dst[:])
-		h.SetChecksum(h.ComputeChecksum())
 	}
-	UDP(b[l4:]).Encode(&UDPFields{SrcPort: p.SrcPort, DstPort: p.DstPort, Length: uint16(udpLen), Checksum: p.UDPChecksum})
-	bthOff := l4 + UDPLen
-	BTH(b[bthOff:]).Encode(&p.BTH)
+	binary.BigEndian.PutUint32(b[l4:], uint32(p.SrcPort)<<16|uint32(p.DstPort))
+	binary.BigEndian.PutUint32(b[l4+4:], uint32(udpLen)<<16|0xFFFF)
+	bth := BTH(b[bthOff : bthOff+BTHLen])
+	bth.Encode(&p.BTH)
+	resv8a := bth[4]
+	bth[4] = 0xFF
 
 	ext := b[bthOff+BTHLen : bthOff+BTHLen+info.ExtLen]
 	f := info.Flags
@@ -338,10 +337,27 @@ func (p *Packet) Encode(b []byte) (int, error) {
 	if f&HasCNPReserved != 0 {
 		clear(ext[info.off[8] : info.off[8]+CNPLen])
 	}
-	icrcOff := n - ICRCLen
 	clear(b[icrcOff-int(p.BTH.PadCount) : icrcOff])
-	p.ICRC = icrcInPlace(b, p.IPv6, icrcOff)
+	eth := Ethernet(b)
+	eth.SetDst(p.DstMAC)
+	eth.SetSrc(p.SrcMAC)
+
+	p.ICRC = crc32.Update(crcMaskedLRH, crc32.IEEETable, b[EthernetLen:icrcOff])
 	putICRC(b[icrcOff:], p.ICRC)
+
+	// The real values of the masked fields.
+	bth[4] = resv8a
+	binary.BigEndian.PutUint16(b[l4+6:], p.UDPChecksum)
+	if p.IPv6 {
+		eth.SetEtherType(EtherTypeIPv6)
+		binary.BigEndian.PutUint32(b[EthernetLen:], 6<<28|uint32(p.TOS)<<20|p.FlowLabel&0xFFFFF)
+		b[EthernetLen+7] = p.TTL
+	} else {
+		eth.SetEtherType(EtherTypeIPv4)
+		h := IPv4(b[EthernetLen:l4])
+		h[1], h[8] = p.TOS, p.TTL
+		h.SetChecksum(h.ComputeChecksum())
+	}
 	return n, nil
 }
 
