@@ -1,6 +1,7 @@
 // Command taproce is the software RoCEv2 NIC's one binary: the appliance
 // daemon, the lab, and the tools around them.
 //
+//	taproce lab [flags]               the veth-pair lab: namespaces, ports, checks, exchange
 //	taproce decode [--json] FILE...   dissect RoCEv2 captures, check every ICRC
 //	taproce version                   print the version
 package main
@@ -21,7 +22,9 @@ type command struct {
 }
 
 var commands = map[string]command{
+	"config":  {"check an appliance configuration file", runConfig},
 	"decode":  {"dissect RoCEv2 frames in pcap/pcapng files and check their ICRC", runDecode},
+	"lab":     {"build a lab of network namespaces with a taproce port in each and prove it works", runLab},
 	"version": {"print the version", runVersion},
 }
 

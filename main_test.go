@@ -68,11 +68,35 @@ func TestCommandLine(t *testing.T) {
 		{[]string{"decode"}, 2, ""},
 		{[]string{"decode", "-h"}, 0, ""},
 		{[]string{"decode", "/nonexistent/file.pcap"}, 2, ""},
+		{[]string{"config", "config/taproce.toml"}, 0, "ok"},
+		{[]string{"config", "/nonexistent.toml"}, 1, ""},
+		{[]string{"config"}, 2, ""},
+		{[]string{"lab", "-h"}, 0, ""},
+		{[]string{"lab", "extra"}, 2, ""},
 	}
 	for _, tt := range tests {
 		code, out, _ := runCmd(tt.args...)
 		if code != tt.code || !strings.Contains(out, tt.out) {
 			t.Errorf("taproce %v: exit %d, out %q; want %d and %q", tt.args, code, out, tt.code, tt.out)
+		}
+	}
+}
+
+// TestConfigCommandErrors: an invalid file exits 1 and names each problem
+// with its line.
+func TestConfigCommandErrors(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "bad.toml")
+	text := "[[port]]\nnamespace = \"a\"\naddresses = [\"10.0.0.1/33\"]\nmtu = 100\nbogus = 1\n"
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := runCmd("config", path)
+	if code != 1 {
+		t.Fatalf("exit %d", code)
+	}
+	for _, want := range []string{path + ":3:", path + ":4:", path + ":5:"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("no %q in %s", want, errOut)
 		}
 	}
 }

@@ -1,0 +1,345 @@
+package appliance
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/taproce/taproce/appliance/capture"
+	"github.com/taproce/taproce/appliance/impair"
+	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/appliance/station"
+	"github.com/taproce/taproce/tap"
+)
+
+// PortConfig describes a port.
+type PortConfig struct {
+	// Namespace names the port's network namespace (for the derived MAC
+	// and for logs); Netns is the path of that namespace, empty for the
+	// appliance's own.
+	Namespace string
+	Netns     string
+	// Name is the TAP device name (default "roce0").
+	Name string
+	// MAC is the port's address; zero means DeriveMAC(Namespace, Name).
+	MAC roce.MAC
+	// Addrs are the port's addresses: its GIDs.
+	Addrs []netip.Prefix
+	// MTU of the TAP device (default 1500).
+	MTU int
+	// Offload asks for UDP GSO super-frames on the TAP.
+	Offload bool
+	// Ingress and Egress impair the frames the port receives and sends.
+	Ingress, Egress impair.Spec
+	// Capture, when set, records every frame the port sends and receives.
+	Capture *capture.Writer
+	// Handler receives the RoCEv2 packets addressed to the port, on the
+	// port's reader goroutine; frame is valid only during the call.
+	Handler func(frame []byte, p *roce.Packet)
+	// Logger for the port's events (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// DefaultPortName is the TAP name of a port when none is configured.
+const DefaultPortName = "roce0"
+
+// DeriveMAC returns the stable MAC of a port: a locally administered
+// unicast address hashed from its namespace and device name, so a port
+// keeps its MAC across restarts.
+func DeriveMAC(namespace, name string) roce.MAC {
+	sum := sha256.Sum256([]byte("taproce\x00" + namespace + "\x00" + name))
+	var m roce.MAC
+	copy(m[:], sum[:6])
+	m[0] = m[0]&^0x01 | 0x02
+	return m
+}
+
+// PortStats counts a port's traffic.
+type PortStats struct {
+	RxFrames, RxBytes, TxFrames, TxBytes uint64
+	TxErrors                             uint64
+	Ingress, Egress                      impair.Counters
+	Station                              station.Stats
+}
+
+// Port is a NIC port: a TAP device in a namespace, the station behind it,
+// and fault injection in both directions.
+type Port struct {
+	cfg PortConfig
+	dev tap.Device
+	st  *station.Station
+	log *slog.Logger
+
+	ingress, egress *impair.Impairer
+	egressMu        sync.Mutex
+	ingressMu       sync.Mutex  // serialises station input from the reader and the flusher
+	rxPkt           roce.Packet // descriptor of the frame being delivered, under ingressMu
+	ctl             []byte      // headroom + one frame, for station and impaired sends
+
+	rxFrames, rxBytes, txFrames, txBytes, txErrors atomic.Uint64
+
+	closeOnce sync.Once
+	done      chan struct{}
+	wg        sync.WaitGroup
+}
+
+// OpenPort creates the port's TAP device in its namespace and starts it.
+func OpenPort(cfg PortConfig) (*Port, error) {
+	cfg = withDefaults(cfg)
+	// The TAP device is the station's link, not the station: like the tap
+	// of a virtual machine it has an address of its own. Were it the
+	// station's, a bridge would keep the station's unicast frames for
+	// itself (a bridge port's own address is a local one).
+	devMAC := DeriveMAC(cfg.Namespace, cfg.Name+"\x00tap")
+	dev, err := tap.Create(tap.Config{
+		Name:    cfg.Name,
+		Netns:   cfg.Netns,
+		MAC:     net.HardwareAddr(devMAC[:]),
+		MTU:     cfg.MTU,
+		Offload: cfg.Offload,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("port %s/%s: %w", cfg.Namespace, cfg.Name, err)
+	}
+	p, err := NewPort(dev, cfg)
+	if err != nil {
+		dev.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+func withDefaults(cfg PortConfig) PortConfig {
+	if cfg.Name == "" {
+		cfg.Name = DefaultPortName
+	}
+	if cfg.MTU == 0 {
+		cfg.MTU = 1500
+	}
+	if cfg.MAC == (roce.MAC{}) {
+		cfg.MAC = DeriveMAC(cfg.Namespace, cfg.Name)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return cfg
+}
+
+// NewPort starts a port on an existing device (a TAP, or a fake in tests).
+// The port owns dev from then on.
+func NewPort(dev tap.Device, cfg PortConfig) (*Port, error) {
+	cfg = withDefaults(cfg)
+	p := &Port{
+		cfg:  cfg,
+		dev:  dev,
+		log:  cfg.Logger.With("port", cfg.Namespace+"/"+cfg.Name),
+		ctl:  make([]byte, tap.Headroom+cfg.MTU+roce.EthernetLen),
+		done: make(chan struct{}),
+	}
+	if cfg.Ingress.Enabled() {
+		p.ingress = impair.New(cfg.Ingress)
+	}
+	if cfg.Egress.Enabled() {
+		p.egress = impair.New(cfg.Egress)
+	}
+	st, err := station.New(station.Config{MAC: cfg.MAC, Addrs: cfg.Addrs, Send: p.sendOne})
+	if err != nil {
+		return nil, fmt.Errorf("port %s/%s: %w", cfg.Namespace, cfg.Name, err)
+	}
+	p.st = st
+	p.wg.Add(1)
+	go p.readLoop()
+	if p.ingress != nil || p.egress != nil {
+		p.wg.Add(1)
+		go p.flushLoop()
+	}
+	st.Announce()
+	p.log.Info("port up", "mac", cfg.MAC, "addrs", cfg.Addrs, "mtu", cfg.MTU)
+	return p, nil
+}
+
+// Station returns the port's station.
+func (p *Port) Station() *station.Station { return p.st }
+
+// MAC returns the port's MAC.
+func (p *Port) MAC() roce.MAC { return p.cfg.MAC }
+
+// Device returns the port's device.
+func (p *Port) Device() tap.Device { return p.dev }
+
+// Stats returns a snapshot of the port's counters.
+func (p *Port) Stats() PortStats {
+	s := PortStats{
+		RxFrames: p.rxFrames.Load(), RxBytes: p.rxBytes.Load(),
+		TxFrames: p.txFrames.Load(), TxBytes: p.txBytes.Load(), TxErrors: p.txErrors.Load(),
+		Station: p.st.Stats(),
+	}
+	if p.ingress != nil {
+		s.Ingress = p.ingress.Counters()
+	}
+	if p.egress != nil {
+		s.Egress = p.egress.Counters()
+	}
+	return s
+}
+
+// Close stops the port and removes its device.
+func (p *Port) Close() error {
+	var err error
+	p.closeOnce.Do(func() {
+		close(p.done)
+		err = p.dev.Close()
+		p.wg.Wait()
+	})
+	return err
+}
+
+// Send transmits frames bufs[i][offset:] (offset ≥ tap.Headroom) through
+// the egress impairment and capture, batched into as few writes as the
+// device allows.
+func (p *Port) Send(bufs [][]byte, offset int) error {
+	if p.cfg.Capture != nil {
+		now := time.Now()
+		for _, b := range bufs {
+			_ = p.cfg.Capture.WriteFrame(now, b[offset:])
+		}
+	}
+	if p.egress != nil {
+		p.egressMu.Lock()
+		defer p.egressMu.Unlock()
+		now := time.Now()
+		for _, b := range bufs {
+			p.egress.Apply(b[offset:], now, p.writeCtlLocked)
+		}
+		return nil
+	}
+	n, err := p.dev.Write(bufs, offset)
+	p.countTx(bufs[:n], offset)
+	if err != nil {
+		p.txErrors.Add(1)
+		return fmt.Errorf("port %s: %w", p.cfg.Name, err)
+	}
+	return nil
+}
+
+func (p *Port) countTx(bufs [][]byte, offset int) {
+	var bytes int
+	for _, b := range bufs {
+		bytes += len(b) - offset
+	}
+	p.txFrames.Add(uint64(len(bufs)))
+	p.txBytes.Add(uint64(bytes))
+}
+
+// sendOne sends one frame without headroom (the station's replies).
+func (p *Port) sendOne(frame []byte) {
+	if p.cfg.Capture != nil {
+		_ = p.cfg.Capture.WriteFrame(time.Now(), frame)
+	}
+	p.egressMu.Lock()
+	defer p.egressMu.Unlock()
+	if p.egress != nil {
+		p.egress.Apply(frame, time.Now(), p.writeCtlLocked)
+		return
+	}
+	p.writeCtlLocked(frame)
+}
+
+// writeCtlLocked copies frame behind the headroom of the control buffer
+// and writes it. egressMu is held.
+func (p *Port) writeCtlLocked(frame []byte) {
+	if len(frame) > len(p.ctl)-tap.Headroom {
+		p.txErrors.Add(1)
+		return
+	}
+	n := copy(p.ctl[tap.Headroom:], frame)
+	one := [1][]byte{p.ctl[:tap.Headroom+n]}
+	if _, err := p.dev.Write(one[:], tap.Headroom); err != nil {
+		p.txErrors.Add(1)
+		if !errors.Is(err, tap.ErrClosed) {
+			p.log.Debug("write failed", "err", err)
+		}
+		return
+	}
+	p.txFrames.Add(1)
+	p.txBytes.Add(uint64(n))
+}
+
+func (p *Port) readLoop() {
+	defer p.wg.Done()
+	batch := p.dev.BatchSize()
+	bufs := make([][]byte, batch)
+	sizes := make([]int, batch)
+	for i := range bufs {
+		bufs[i] = make([]byte, tap.Headroom+p.cfg.MTU+roce.EthernetLen)
+	}
+	for {
+		n, err := p.dev.Read(bufs, sizes, tap.Headroom)
+		for i := 0; i < n; i++ {
+			frame := bufs[i][tap.Headroom : tap.Headroom+sizes[i]]
+			p.rxFrames.Add(1)
+			p.rxBytes.Add(uint64(len(frame)))
+			if p.cfg.Capture != nil {
+				_ = p.cfg.Capture.WriteFrame(time.Now(), frame)
+			}
+			p.ingressMu.Lock()
+			if p.ingress != nil {
+				p.ingress.Apply(frame, time.Now(), p.deliverLocked)
+			} else {
+				p.deliverLocked(frame)
+			}
+			p.ingressMu.Unlock()
+		}
+		if err != nil {
+			if errors.Is(err, tap.ErrClosed) {
+				return
+			}
+			select {
+			case <-p.done:
+				return
+			default:
+			}
+			p.log.Warn("read failed", "err", err)
+		}
+	}
+}
+
+// deliverLocked passes one received frame to the station and, when it is a
+// RoCEv2 packet for the port, to the handler. ingressMu is held.
+func (p *Port) deliverLocked(frame []byte) {
+	if p.st.Input(frame, &p.rxPkt) == station.Deliver && p.cfg.Handler != nil {
+		p.cfg.Handler(frame, &p.rxPkt)
+	}
+}
+
+// flushLoop releases delayed and reordered frames when they fall due.
+// Ingress frames released here go through the station on this goroutine,
+// serialised with the reader by ingressMu.
+func (p *Port) flushLoop() {
+	defer p.wg.Done()
+	tick := time.NewTicker(100 * time.Microsecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-p.done:
+			return
+		case now := <-tick.C:
+			if p.egress != nil {
+				p.egressMu.Lock()
+				p.egress.Flush(now, p.writeCtlLocked)
+				p.egressMu.Unlock()
+			}
+			if p.ingress != nil {
+				p.ingressMu.Lock()
+				p.ingress.Flush(now, p.deliverLocked)
+				p.ingressMu.Unlock()
+			}
+		}
+	}
+}

@@ -1,0 +1,211 @@
+package appliance
+
+import (
+	"bytes"
+	"encoding/binary"
+	"net/netip"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/taproce/taproce/appliance/capture"
+	"github.com/taproce/taproce/appliance/impair"
+	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/tap"
+)
+
+var (
+	peerMAC = roce.MAC{0x02, 0, 0, 0, 0, 0xbb}
+	portV4  = netip.MustParseAddr("10.55.0.1")
+	peerV4  = netip.MustParseAddr("10.55.0.2")
+)
+
+// wire is the test's end of a fake TAP pair.
+type wire struct {
+	t   *testing.T
+	dev *tap.Fake
+}
+
+// next returns the next frame the port sent, skipping its announcements.
+func (w wire) next(timeout time.Duration) []byte {
+	w.t.Helper()
+	got := make(chan []byte, 1)
+	go func() {
+		bufs := [][]byte{make([]byte, 9000)}
+		sizes := []int{0}
+		for {
+			n, err := w.dev.Read(bufs[:1], sizes, 0)
+			if err != nil || n == 0 {
+				close(got)
+				return
+			}
+			f := append([]byte(nil), bufs[0][:sizes[0]]...)
+			if isAnnouncement(f) {
+				continue
+			}
+			got <- f
+			return
+		}
+	}()
+	select {
+	case f := <-got:
+		return f
+	case <-time.After(timeout):
+		return nil
+	}
+}
+
+// isAnnouncement reports gratuitous ARPs and unsolicited neighbour adverts.
+func isAnnouncement(f []byte) bool {
+	eth := roce.Ethernet(f)
+	if eth.EtherType() == roce.EtherTypeARP {
+		return bytes.Equal(f[14+14:14+18], f[14+24:14+28])
+	}
+	return eth.EtherType() == roce.EtherTypeIPv6 && len(f) > 54 && f[54] == 136 && roce.IPv6(f[14:]).Dst() == netip.MustParseAddr("ff02::1")
+}
+
+func (w wire) send(f []byte) {
+	w.t.Helper()
+	if _, err := w.dev.Write([][]byte{f}, 0); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+func newTestPort(t *testing.T, cfg PortConfig) (*Port, wire) {
+	t.Helper()
+	a, b := tap.NewFakePair(1500, 256)
+	cfg.Namespace, cfg.Name = "test", "roce0"
+	cfg.Addrs = []netip.Prefix{netip.MustParsePrefix("10.55.0.1/24"), netip.MustParsePrefix("fd55::1/64")}
+	p, err := NewPort(a, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close(); b.Close() })
+	return p, wire{t, b}
+}
+
+func arpRequest(target netip.Addr) []byte {
+	f := make([]byte, 42)
+	for i := 0; i < 6; i++ {
+		f[i] = 0xff
+	}
+	copy(f[6:12], peerMAC[:])
+	binary.BigEndian.PutUint16(f[12:], roce.EtherTypeARP)
+	a := f[14:]
+	binary.BigEndian.PutUint16(a[0:], 1)
+	binary.BigEndian.PutUint16(a[2:], 0x0800)
+	a[4], a[5] = 6, 4
+	binary.BigEndian.PutUint16(a[6:], 1)
+	copy(a[8:14], peerMAC[:])
+	s, tg := peerV4.As4(), target.As4()
+	copy(a[14:18], s[:])
+	copy(a[24:28], tg[:])
+	return f
+}
+
+func roceTo(t *testing.T, dst roce.MAC, qp uint32) []byte {
+	p := roce.Packet{
+		DstMAC: dst, SrcMAC: peerMAC, Src: peerV4, Dst: portV4, TTL: 64,
+		SrcPort: 0xC123, DstPort: roce.UDPPort,
+		BTH: roce.BTHFields{Opcode: roce.RCSendOnly, PKey: 0xFFFF, DestQP: qp},
+	}
+	buf := make([]byte, 256)
+	n, err := p.Build(buf, []byte("over the fake wire"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return buf[:n]
+}
+
+func TestDeriveMAC(t *testing.T) {
+	a, b := DeriveMAC("ns-a", "roce0"), DeriveMAC("ns-b", "roce0")
+	if a == b || a != DeriveMAC("ns-a", "roce0") {
+		t.Fatal("derived MACs not stable and distinct")
+	}
+	for _, m := range []roce.MAC{a, b} {
+		if m[0]&1 != 0 || m[0]&2 == 0 {
+			t.Fatalf("%v is not a locally administered unicast MAC", m)
+		}
+	}
+}
+
+// TestPortStation runs the station through the port on a fake TAP: ARP
+// answered with the port's MAC, RoCE delivered to the handler, a frame for
+// another MAC dropped.
+func TestPortStation(t *testing.T) {
+	var handled atomic.Uint32
+	p, w := newTestPort(t, PortConfig{Handler: func(frame []byte, pkt *roce.Packet) {
+		if pkt.BTH.DestQP == 0x77 && string(pkt.Payload(frame)) == "over the fake wire" {
+			handled.Add(1)
+		}
+	}})
+	w.send(arpRequest(portV4))
+	rep := w.next(2 * time.Second)
+	if rep == nil || roce.Ethernet(rep).Src() != p.MAC() || binary.BigEndian.Uint16(rep[20:22]) != 2 {
+		t.Fatalf("ARP reply %x", rep)
+	}
+	w.send(roceTo(t, p.MAC(), 0x77))
+	w.send(roceTo(t, roce.MAC{0x02, 9, 9, 9, 9, 9}, 0x77))
+	deadline := time.Now().Add(2 * time.Second)
+	for handled.Load() < 1 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if handled.Load() != 1 {
+		t.Fatalf("handler saw %d packets, want 1", handled.Load())
+	}
+	st := p.Stats()
+	if st.Station.Delivered != 1 || st.Station.Drops[0] != 1 || st.RxFrames != 3 || st.TxFrames < 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestPortSendCaptureImpair: Send reaches the wire and the capture; an
+// egress that drops everything reaches neither the wire nor a peer, and
+// counts it.
+func TestPortSendCaptureImpair(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "port.pcap")
+	cw, err := capture.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, w := newTestPort(t, PortConfig{Capture: cw})
+	frame := append(make([]byte, tap.Headroom), roceTo(t, peerMAC, 1)...)
+	if err := p.Send([][]byte{frame}, tap.Headroom); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.next(2 * time.Second); !bytes.Equal(got, frame[tap.Headroom:]) {
+		t.Fatalf("wire got %x", got)
+	}
+	p.Close()
+	cw.Close()
+	frames, err := capture.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, f := range frames {
+		found = found || bytes.Equal(f.Data, frame[tap.Headroom:])
+	}
+	if !found {
+		t.Fatalf("sent frame not in the capture of %d frames", len(frames))
+	}
+
+	spec, err := impair.ParseSpec("loss=100%")
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, w2 := newTestPort(t, PortConfig{Egress: spec})
+	for i := 0; i < 10; i++ {
+		if err := q.Send([][]byte{frame}, tap.Headroom); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := w2.next(200 * time.Millisecond); got != nil {
+		t.Fatalf("a frame crossed a 100%% loss egress: %x", got)
+	}
+	if c := q.Stats().Egress; c.Dropped < 10 {
+		t.Fatalf("egress counters %+v", c)
+	}
+}

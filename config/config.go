@@ -1,0 +1,445 @@
+// Package config reads and checks the appliance's TOML configuration file:
+//
+//	socket = "/run/taproce/taproce.sock"
+//	log_level = "info"
+//
+//	[[port]]
+//	namespace = "lab-a"
+//	addresses = ["10.55.0.1/24", "fd55::1/64"]
+//	[port.impair]
+//	egress = "loss=1%,seed=7"
+//
+// taproce.toml in this directory documents every key. Parse reports every
+// problem of a file at once, each as "file:line: key: message"; Validate
+// checks a Config built in code by the same rules, without line numbers.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"path"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/taproce/taproce/appliance/impair"
+)
+
+// Defaults and limits.
+const (
+	// DefaultSocket is the control socket's path when the file gives none.
+	DefaultSocket = "/run/taproce/taproce.sock"
+	// DefaultLogLevel is the log level when the file gives none.
+	DefaultLogLevel = "info"
+	// DefaultPortName is a port's TAP device name when its table gives none.
+	DefaultPortName = "roce0"
+	// DefaultMTU is a port's MTU when its table gives none.
+	DefaultMTU = 1500
+	// MinMTU is the smallest MTU a port accepts (the IPv4 minimum datagram
+	// every host must accept).
+	MinMTU = 576
+	// MaxMTU is the largest MTU a port accepts.
+	MaxMTU = 9216
+	// MinIPv6MTU is the smallest MTU of a port with an IPv6 address
+	// (RFC 8200's minimum link MTU).
+	MinIPv6MTU = 1280
+	// MaxSocketPath is the longest control socket path: sun_path holds
+	// 108 bytes including the terminating NUL.
+	MaxSocketPath = 107
+	// NetnsDir is where a namespace given by name lives.
+	NetnsDir = "/var/run/netns"
+)
+
+// Port attachment modes; see Port.Mode.
+const (
+	// ModeBridge makes the TAP a bridge port next to the namespace's uplink,
+	// with the port as a separate station on that L2 segment.
+	ModeBridge = "bridge"
+	// ModeRedirect rides the pod's own interface and IP. This version does
+	// not support it yet and rejects it.
+	ModeRedirect = "redirect"
+)
+
+// Log levels.
+const (
+	LogDebug = "debug"
+	LogInfo  = "info"
+	LogWarn  = "warn"
+	LogError = "error"
+)
+
+// ErrInvalid is wrapped by every error about a configuration's contents:
+// TOML syntax, unknown keys, values of the wrong type, values that break a
+// rule. Errors reading the file do not wrap it.
+var ErrInvalid = errors.New("invalid configuration")
+
+// Config is the appliance's configuration.
+type Config struct {
+	// Socket is the path of the control socket (a name starting with '@'
+	// is a Linux abstract socket).
+	Socket string
+	// LogLevel is one of debug, info, warn and error.
+	LogLevel string
+	// Ports are the ports to serve, one per [[port]] table. There may be
+	// none: ports can also be added at run time.
+	Ports []Port
+}
+
+// Port is one TAP device in one network namespace and the RoCE endpoint
+// behind it.
+type Port struct {
+	// Namespace is a name under /var/run/netns ("lab-a") or an absolute
+	// path to a namespace file ("/proc/123/ns/net").
+	Namespace string
+	// Name is the TAP device's name, a valid Linux interface name.
+	Name string
+	// Mode is how the TAP reaches the network: ModeBridge.
+	Mode string
+	// MAC is the port's unicast 48-bit MAC, or nil to have the appliance
+	// derive one.
+	MAC net.HardwareAddr
+	// Addresses are the port's addresses with their prefix lengths; there
+	// is at least one, and each address appears once.
+	Addresses []netip.Prefix
+	// MTU is the TAP device's MTU, within MinMTU..MaxMTU, and at least
+	// MinIPv6MTU when the port has an IPv6 address.
+	MTU int
+	// Impair injects faults into the port's frames.
+	Impair Impair
+}
+
+// Impair holds a port's fault injection, per direction.
+type Impair struct {
+	// Ingress impairs the frames the port receives from its TAP.
+	Ingress impair.Spec
+	// Egress impairs the frames the port sends into its TAP.
+	Egress impair.Spec
+}
+
+// Default returns the configuration of an empty file: default socket and
+// log level, no ports.
+func Default() *Config {
+	return &Config{Socket: DefaultSocket, LogLevel: DefaultLogLevel}
+}
+
+// DefaultPort returns a port with the defaults of an empty [[port]] table.
+// Namespace and Addresses, which have no defaults, are left empty.
+func DefaultPort() Port {
+	return Port{Name: DefaultPortName, Mode: ModeBridge, MTU: DefaultMTU}
+}
+
+// ApplyDefaults fills in the fields of c and its ports that have a default
+// and are zero, for configurations built in code.
+func (c *Config) ApplyDefaults() {
+	if c.Socket == "" {
+		c.Socket = DefaultSocket
+	}
+	if c.LogLevel == "" {
+		c.LogLevel = DefaultLogLevel
+	}
+	for i := range c.Ports {
+		p := &c.Ports[i]
+		if p.Name == "" {
+			p.Name = DefaultPortName
+		}
+		if p.Mode == "" {
+			p.Mode = ModeBridge
+		}
+		if p.MTU == 0 {
+			p.MTU = DefaultMTU
+		}
+	}
+}
+
+// NamespacePath returns the path of p's network namespace file: Namespace
+// itself when it is absolute, else Namespace under NetnsDir.
+func (p *Port) NamespacePath() string {
+	if strings.HasPrefix(p.Namespace, "/") {
+		return p.Namespace
+	}
+	return path.Join(NetnsDir, p.Namespace)
+}
+
+// Error is one problem in a configuration. Parse and Validate return one
+// Error, or several joined with errors.Join.
+type Error struct {
+	// File is the file name given to Parse or Load; empty for Validate.
+	File string
+	// Line is the 1-based line of the problem in File, or 0 when unknown.
+	Line int
+	// Key is the key the problem is about, as a path such as
+	// "port[1].addresses[0]"; empty for problems of the whole file.
+	Key string
+	// Msg says what is wrong.
+	Msg string
+	// Err is the underlying error, if any: a toml.ParseError for syntax
+	// errors, an impair.ErrInvalidSpec error for impairment specs.
+	Err error
+}
+
+// Error formats e as "file:line: key: message", leaving out what is unknown.
+func (e *Error) Error() string {
+	var b strings.Builder
+	switch {
+	case e.File != "" && e.Line > 0:
+		fmt.Fprintf(&b, "%s:%d: ", e.File, e.Line)
+	case e.File != "":
+		fmt.Fprintf(&b, "%s: ", e.File)
+	case e.Line > 0:
+		fmt.Fprintf(&b, "line %d: ", e.Line)
+	}
+	if e.Key != "" {
+		b.WriteString(e.Key)
+		b.WriteString(": ")
+	}
+	b.WriteString(e.Msg)
+	return b.String()
+}
+
+// Unwrap returns ErrInvalid and the underlying error, if any.
+func (e *Error) Unwrap() []error {
+	if e.Err == nil {
+		return []error{ErrInvalid}
+	}
+	return []error{ErrInvalid, e.Err}
+}
+
+// Validate checks c by the rules Parse applies, and returns every problem
+// found joined with errors.Join, each an *Error wrapping ErrInvalid, or nil.
+// Fields with defaults are not defaulted here: call ApplyDefaults first, or
+// start from Default and DefaultPort.
+func (c *Config) Validate() error {
+	return joinErrors(c.validate(nil))
+}
+
+// lineFunc returns the line of a key path, or 0 when unknown.
+type lineFunc func(key string) int
+
+// validate checks c and returns its problems, with their lines when line is
+// not nil.
+func (c *Config) validate(line lineFunc) []*Error {
+	v := validator{line: line}
+	switch {
+	case c.Socket == "":
+		v.add("socket", "must not be empty", nil)
+	case strings.IndexByte(c.Socket, 0) >= 0:
+		v.add("socket", fmt.Sprintf("%q contains a NUL byte", c.Socket), nil)
+	case len(c.Socket) > MaxSocketPath:
+		v.add("socket", fmt.Sprintf("%q is %d bytes long; unix socket paths have at most %d", c.Socket, len(c.Socket), MaxSocketPath), nil)
+	}
+	switch c.LogLevel {
+	case LogDebug, LogInfo, LogWarn, LogError:
+	default:
+		v.add("log_level", fmt.Sprintf("%q is not one of debug, info, warn, error", c.LogLevel), nil)
+	}
+
+	type portID struct{ ns, name string }
+	first := map[portID]int{}
+	for i := range c.Ports {
+		p := &c.Ports[i]
+		key := indexKey("port", i)
+		nsOK := v.namespace(key+".namespace", p.Namespace)
+		nameOK := v.ifname(key+".name", p.Name)
+		v.port(key, p)
+		if !nsOK || !nameOK {
+			continue
+		}
+		id := portID{sameNamespace(p.NamespacePath()), p.Name}
+		j, dup := first[id]
+		if !dup {
+			first[id] = i
+			continue
+		}
+		other := indexKey("port", j)
+		if l := v.lineOf(other); l > 0 {
+			other = fmt.Sprintf("%s at line %d", other, l)
+		}
+		v.add(key, fmt.Sprintf("same namespace %q and name %q as %s", p.Namespace, p.Name, other), nil)
+	}
+	return v.errs
+}
+
+// sameNamespace maps /run/netns, which /var/run usually links to, onto
+// NetnsDir, so that both spellings of one namespace compare equal.
+func sameNamespace(p string) string {
+	if rest, ok := strings.CutPrefix(p, "/run/netns/"); ok {
+		return path.Join(NetnsDir, rest)
+	}
+	return p
+}
+
+// validator collects problems.
+type validator struct {
+	line lineFunc
+	errs []*Error
+}
+
+func (v *validator) lineOf(key string) int {
+	if v.line == nil {
+		return 0
+	}
+	return v.line(key)
+}
+
+func (v *validator) add(key, msg string, err error) {
+	v.errs = append(v.errs, &Error{Line: v.lineOf(key), Key: key, Msg: msg, Err: err})
+}
+
+// namespace checks a port's namespace and reports whether it is valid.
+func (v *validator) namespace(key, ns string) bool {
+	msg := ""
+	switch {
+	case ns == "":
+		msg = "missing; want a name under " + NetnsDir + " or an absolute path"
+	case strings.IndexByte(ns, 0) >= 0:
+		msg = fmt.Sprintf("%q contains a NUL byte", ns)
+	case strings.HasPrefix(ns, "/"):
+		if clean := path.Clean(ns); clean != ns {
+			msg = fmt.Sprintf("%q is not a clean path (want %q)", ns, clean)
+		}
+	case strings.Contains(ns, "/"):
+		msg = fmt.Sprintf("%q is neither a name under %s nor an absolute path", ns, NetnsDir)
+	case ns == "." || ns == "..":
+		msg = fmt.Sprintf("%q is not a namespace name", ns)
+	case len(ns) > 255:
+		msg = fmt.Sprintf("name is %d bytes long; file names have at most 255", len(ns))
+	}
+	if msg != "" {
+		v.add(key, msg, nil)
+		return false
+	}
+	return true
+}
+
+// ifname checks a Linux interface name as the kernel's dev_valid_name does,
+// and also refuses '%', which the kernel expands as a name template, and
+// bytes that are not printable ASCII. It reports whether name is valid.
+func (v *validator) ifname(key, name string) bool {
+	msg := ""
+	switch {
+	case name == "":
+		msg = "must not be empty"
+	case len(name) > 15:
+		msg = fmt.Sprintf("%q is %d bytes long; Linux interface names have at most 15", name, len(name))
+	case name == "." || name == "..":
+		msg = fmt.Sprintf("%q is not a valid interface name", name)
+	default:
+		for i := 0; i < len(name) && msg == ""; i++ {
+			switch c := name[i]; {
+			case c == '/' || c == ':':
+				msg = fmt.Sprintf("%q contains %q, which Linux does not allow in interface names", name, c)
+			case c == '%':
+				msg = fmt.Sprintf("%q contains '%%', which Linux treats as a name template", name)
+			case c <= ' ' || c >= 0x7f:
+				what := fmt.Sprintf("%q", rune(c))
+				if c >= utf8.RuneSelf {
+					what = fmt.Sprintf("byte %#02x", c)
+				}
+				msg = fmt.Sprintf("%q contains %s; interface names here are printable ASCII without spaces", name, what)
+			}
+		}
+	}
+	if msg != "" {
+		v.add(key, msg, nil)
+		return false
+	}
+	return true
+}
+
+// port checks everything of p but its namespace and name.
+func (v *validator) port(key string, p *Port) {
+	switch p.Mode {
+	case ModeBridge:
+	case ModeRedirect:
+		v.add(key+".mode", fmt.Sprintf("%q is not supported yet; use %q", p.Mode, ModeBridge), nil)
+	default:
+		v.add(key+".mode", fmt.Sprintf("unknown mode %q; want %q", p.Mode, ModeBridge), nil)
+	}
+
+	if p.MAC != nil {
+		switch {
+		case len(p.MAC) != 6:
+			v.add(key+".mac", fmt.Sprintf("%s is not a 48-bit MAC address", p.MAC), nil)
+		case p.MAC[0]&1 != 0:
+			v.add(key+".mac", fmt.Sprintf("%s is a multicast address; a port needs a unicast MAC", p.MAC), nil)
+		case bytes.Equal(p.MAC, make([]byte, 6)):
+			v.add(key+".mac", fmt.Sprintf("%s is all zeros", p.MAC), nil)
+		}
+	}
+
+	var v6 netip.Prefix
+	if len(p.Addresses) == 0 {
+		v.add(key+".addresses", "at least one address is required", nil)
+	}
+	seen := make(map[netip.Addr]int, len(p.Addresses))
+	for i, pfx := range p.Addresses {
+		akey := indexKey(key+".addresses", i)
+		a := pfx.Addr()
+		msg := ""
+		switch {
+		case !pfx.IsValid():
+			msg = "not a valid prefix"
+		case a.Is4In6():
+			msg = fmt.Sprintf("%s is an IPv4-mapped IPv6 address; write %s", pfx, netip.PrefixFrom(a.Unmap(), max(pfx.Bits()-96, 0)))
+		case a.IsUnspecified():
+			msg = fmt.Sprintf("%s is the unspecified address", pfx)
+		case a.IsLoopback():
+			msg = fmt.Sprintf("%s is a loopback address", pfx)
+		case a.IsMulticast():
+			msg = fmt.Sprintf("%s is a multicast address", pfx)
+		case a == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+			msg = fmt.Sprintf("%s is the broadcast address", pfx)
+		}
+		if msg != "" {
+			v.add(akey, msg, nil)
+			continue
+		}
+		if j, dup := seen[a]; dup {
+			v.add(akey, fmt.Sprintf("%s repeats address %s of addresses[%d]", pfx, a, j), nil)
+			continue
+		}
+		seen[a] = i
+		if a.Is6() && !v6.IsValid() {
+			v6 = pfx
+		}
+	}
+
+	switch {
+	case p.MTU < MinMTU || p.MTU > MaxMTU:
+		v.add(key+".mtu", fmt.Sprintf("%d is outside %d..%d", p.MTU, MinMTU, MaxMTU), nil)
+	case p.MTU < MinIPv6MTU && v6.IsValid():
+		v.add(key+".mtu", fmt.Sprintf("%d is below %d, the IPv6 minimum, and the port has IPv6 address %s", p.MTU, MinIPv6MTU, v6), nil)
+	}
+
+	for _, d := range []struct {
+		name string
+		spec impair.Spec
+	}{{"ingress", p.Impair.Ingress}, {"egress", p.Impair.Egress}} {
+		if err := d.spec.Validate(); err != nil {
+			v.add(key+".impair."+d.name, err.Error(), err)
+		}
+	}
+}
+
+// indexKey returns the key path of element i of the array at key.
+func indexKey(key string, i int) string {
+	return key + "[" + strconv.Itoa(i) + "]"
+}
+
+// joinErrors joins errs, or returns nil for none.
+func joinErrors(errs []*Error) error {
+	switch len(errs) {
+	case 0:
+		return nil
+	case 1:
+		return errs[0]
+	}
+	all := make([]error, len(errs))
+	for i, e := range errs {
+		all[i] = e
+	}
+	return errors.Join(all...)
+}

@@ -1,0 +1,216 @@
+package lab
+
+import (
+	"net"
+	"net/netip"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/internal/testnet"
+	"github.com/taproce/taproce/tap"
+)
+
+// BenchmarkTAPPath measures the frame path through two real TAPs —
+// namespace A's port → bridge → veth → bridge → namespace B's port — with
+// 4096-byte-payload RoCE packets, one per write and as UDP GSO
+// super-frames of 15 packets, next to a raw writer/reader pair of TAPs on
+// the same bridges in the same run. Metrics: packets/s and MB/s of each,
+// and port/raw, the ratio of the port's packet rate to the raw pair's.
+func BenchmarkTAPPath(b *testing.B) {
+	testnet.RequireRoot(b)
+	for _, mode := range []struct {
+		name    string
+		offload bool
+	}{{"one-per-write", false}, {"super-frames", true}} {
+		b.Run(mode.name, func(b *testing.B) { benchPath(b, mode.offload) })
+	}
+}
+
+const benchBatch = 15
+
+func benchPath(b *testing.B, offload bool) {
+	var portRx atomic.Uint64
+	credit := make(chan struct{}, 64)
+	grant := func(n uint64) {
+		if n%benchBatch == 0 {
+			select {
+			case credit <- struct{}{}:
+			default:
+			}
+		}
+	}
+	l, err := Build(Topology{
+		Prefix: testnet.Name() + "-", Hosts: 2, MTU: 4200, Offload: offload,
+		Handler: func(_ int, frame []byte, p *roce.Packet) {
+			if p.BTH.Opcode == roce.UDSendOnly {
+				grant(portRx.Add(1))
+			}
+		},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	A, B := l.Hosts[0], l.Hosts[1]
+	if offload && !A.Port.Device().(*tap.Tap).Offloaded() {
+		b.Skip("the kernel refuses USO offloads on TAPs")
+	}
+
+	// The raw pair: one more TAP on each bridge, no station, no port.
+	rawA, rawB := rawTap(b, A, offload), rawTap(b, B, offload)
+	defer rawA.Close()
+	defer rawB.Close()
+	rawMAC := roce.MAC{0x02, 0x52, 0x41, 0x57, 0, 0xB}
+	// Let the bridges learn where rawMAC lives.
+	hello := make([]byte, tap.Headroom+60)
+	eth := roce.Ethernet(hello[tap.Headroom:])
+	eth.SetDst(roce.MAC{0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+	eth.SetSrc(rawMAC)
+	eth.SetEtherType(0x88B5) // local experimental
+	if _, err := rawB.Write([][]byte{hello}, tap.Headroom); err != nil {
+		b.Fatal(err)
+	}
+	var rawRx atomic.Uint64
+	go func() {
+		n := rawB.BatchSize()
+		bufs, sizes := make([][]byte, n), make([]int, n)
+		for i := range bufs {
+			bufs[i] = make([]byte, tap.Headroom+4200+14)
+		}
+		var p roce.Packet
+		for {
+			k, err := rawB.Read(bufs, sizes, tap.Headroom)
+			for i := 0; i < k; i++ {
+				if roce.Parse(bufs[i][tap.Headroom:tap.Headroom+sizes[i]], &p) == nil {
+					grant(rawRx.Add(1))
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	time.Sleep(100 * time.Millisecond)
+
+	mac, err := A.Port.Station().Resolve(b.Context(), B.PortIPv4())
+	if err != nil {
+		b.Fatal(err)
+	}
+	portFrames := buildBatch(b, A.Port.MAC(), mac, A.PortIPv4(), B.PortIPv4())
+	rawFrames := buildBatch(b, roce.MAC{0x02, 0x52, 0x41, 0x57, 0, 0xA}, rawMAC, A.PortIPv4(), B.PortIPv4())
+	frameLen := len(portFrames[0]) - tap.Headroom
+
+	// run sends n packets (rounded up to whole batches) with at most
+	// window of them in flight — the receiver hands back a credit per
+	// batch — so that the rate measured is the one the path sustains
+	// without overflowing the TAP queues; a credit that does not come
+	// within 20 ms counts the batch as lost. It returns the packets
+	// delivered and the time from the first send to the last arrival.
+	const window = 16 * benchBatch
+	run := func(n int, rx *atomic.Uint64, send func() error) (uint64, time.Duration) {
+		start := rx.Load()
+		total := uint64((n + benchBatch - 1) / benchBatch * benchBatch)
+		timer := time.NewTimer(time.Hour)
+		defer timer.Stop()
+		t0 := time.Now()
+		for sent := uint64(0); sent < total; sent += benchBatch {
+			for sent-(rx.Load()-start) >= window {
+				timer.Reset(20 * time.Millisecond)
+				select {
+				case <-credit:
+					continue
+				case <-timer.C:
+				}
+				break
+			}
+			if err := send(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		last, lastAt := rx.Load(), time.Now()
+		for last-start < total && time.Since(lastAt) < 100*time.Millisecond {
+			time.Sleep(time.Millisecond)
+			if n := rx.Load(); n != last {
+				last, lastAt = n, time.Now()
+			}
+		}
+		return last - start, lastAt.Sub(t0)
+	}
+	// Alternate raw and port rounds so that both see the same machine.
+	const rounds = 4
+	var rawGot, portGot uint64
+	var rawTime, portTime time.Duration
+	b.ResetTimer()
+	for r := 0; r < rounds; r++ {
+		got, el := run(b.N/rounds, &rawRx, func() error { _, err := rawA.Write(rawFrames, tap.Headroom); return err })
+		rawGot, rawTime = rawGot+got, rawTime+el
+		got, el = run(b.N/rounds, &portRx, func() error { return A.Port.Send(portFrames, tap.Headroom) })
+		portGot, portTime = portGot+got, portTime+el
+	}
+	total := uint64(rounds * ((b.N/rounds + benchBatch - 1) / benchBatch * benchBatch))
+	rawPPS, portPPS := float64(rawGot)/rawTime.Seconds(), float64(portGot)/portTime.Seconds()
+	rawLost, portLost := total-rawGot, total-portGot
+	b.StopTimer()
+	b.ReportMetric(rawPPS, "raw-pkt/s")
+	b.ReportMetric(rawPPS*float64(frameLen)/1e6, "raw-MB/s")
+	b.ReportMetric(portPPS, "port-pkt/s")
+	b.ReportMetric(portPPS*float64(frameLen)/1e6, "port-MB/s")
+	b.ReportMetric(portPPS/rawPPS, "port/raw")
+	b.ReportMetric(float64(rawLost+portLost), "lost")
+}
+
+// rawTap adds a TAP named raw0 to a host's bridge.
+func rawTap(b *testing.B, h *Host, offload bool) *tap.Tap {
+	b.Helper()
+	dev, err := tap.Create(tap.Config{Name: "raw0", Netns: nsPath(h.Namespace), MTU: 4200, Offload: offload,
+		MAC: net.HardwareAddr{0x02, 0x52, 0x41, 0x57, byte(h.Index), 0xEE}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	err = inNS(h.Namespace, func(nh *netlink.Handle) error {
+		_ = writeSysctl("net/ipv6/conf/raw0/disable_ipv6", "1")
+		link, err := nh.LinkByName("raw0")
+		if err != nil {
+			return err
+		}
+		br, err := nh.LinkByName(h.Bridge)
+		if err != nil {
+			return err
+		}
+		return nh.LinkSetMaster(link, br)
+	})
+	if err != nil {
+		dev.Close()
+		b.Fatal(err)
+	}
+	return dev
+}
+
+// buildBatch builds benchBatch UD SEND packets of 4096 payload bytes with
+// consecutive IP IDs, each behind tap.Headroom.
+func buildBatch(b *testing.B, src, dst roce.MAC, srcIP, dstIP netip.Addr) [][]byte {
+	b.Helper()
+	p := roce.Packet{
+		DstMAC: dst, SrcMAC: src, Src: srcIP, Dst: dstIP, TTL: 64, DontFragment: true,
+		SrcPort: roce.DatagramSourcePort(0x99), DstPort: roce.UDPPort,
+		BTH:  roce.BTHFields{Opcode: roce.UDSendOnly, PKey: roce.DefaultPKey, DestQP: 0x99},
+		DETH: roce.DETHFields{QKey: 0x1234, SrcQP: 0x99},
+	}
+	payload := make([]byte, 4096)
+	frames := make([][]byte, benchBatch)
+	for i := range frames {
+		buf := make([]byte, tap.Headroom+4096+128)
+		p.ID = uint16(i)
+		p.BTH.PSN = roce.PSN(i)
+		n, err := p.Build(buf[tap.Headroom:], payload)
+		if err != nil {
+			b.Fatal(err)
+		}
+		frames[i] = buf[:tap.Headroom+n]
+	}
+	return frames
+}

@@ -1,0 +1,373 @@
+// Package lab builds taproce's one-command laboratory: network namespaces
+// joined by veths and bridges, a taproce port (TAP + station) in each, the
+// checks that prove the stations are real hosts on the wire, and the RDMA
+// exchange between them — the veth-pair setup people build by hand for
+// Soft-RoCE, without kernel RDMA support.
+package lab
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strconv"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/taproce/taproce/appliance"
+	"github.com/taproce/taproce/appliance/capture"
+	"github.com/taproce/taproce/appliance/impair"
+	"github.com/taproce/taproce/appliance/roce"
+)
+
+// DefaultPrefix starts the names of the lab's namespaces.
+const DefaultPrefix = "taproce-lab-"
+
+// Topology describes a lab to build.
+type Topology struct {
+	// Prefix of the namespace names: PREFIX1, PREFIX2, … and PREFIXsw for
+	// the switch of labs with more than two hosts.
+	Prefix string
+	// Hosts is the number of host namespaces (2…99).
+	Hosts int
+	// MTU of veths, bridges and TAPs.
+	MTU int
+	// Offload opens the TAPs with UDP GSO super-frames.
+	Offload bool
+	// Ingress and Egress impair every port's frames.
+	Ingress, Egress impair.Spec
+	// Capture records every frame the ports send and receive.
+	Capture *capture.Writer
+	// Handler receives each port's RoCE packets: host index, frame, packet.
+	Handler func(host int, frame []byte, p *roce.Packet)
+	// Logger for the ports.
+	Logger *slog.Logger
+}
+
+// Host is one namespace of the lab.
+type Host struct {
+	Index     int    // 1-based
+	Namespace string // named namespace
+	Bridge    string // bridge holding the uplink and the TAP
+	Uplink    string // veth towards the other host or the switch
+	// PortAddrs are the taproce port's addresses (its GIDs); KernelAddrs
+	// the namespace kernel's own addresses on the bridge.
+	PortAddrs, KernelAddrs []netip.Prefix
+	Port                   *appliance.Port
+}
+
+// PortIPv4 returns the port's IPv4 address.
+func (h *Host) PortIPv4() netip.Addr { return h.PortAddrs[0].Addr() }
+
+// PortIPv6 returns the port's IPv6 address.
+func (h *Host) PortIPv6() netip.Addr { return h.PortAddrs[1].Addr() }
+
+// Lab is a built lab. Close tears it down.
+type Lab struct {
+	Topology
+	Hosts      []*Host
+	namespaces []string
+}
+
+// Build creates the lab's namespaces, links and ports. On error everything
+// it created is removed again.
+func Build(t Topology) (l *Lab, err error) {
+	if t.Prefix == "" {
+		t.Prefix = DefaultPrefix
+	}
+	if t.Hosts < 2 || t.Hosts > 99 {
+		return nil, fmt.Errorf("lab: %d hosts, want 2…99", t.Hosts)
+	}
+	if t.MTU == 0 {
+		t.MTU = 1500
+	}
+	if t.MTU < 1280 || t.MTU > 9000 {
+		return nil, fmt.Errorf("lab: MTU %d outside 1280…9000", t.MTU)
+	}
+	if t.Logger == nil {
+		t.Logger = slog.Default()
+	}
+	l = &Lab{Topology: t}
+	defer func() {
+		if err != nil {
+			l.Close()
+			l = nil
+		}
+	}()
+	for i := 1; i <= t.Hosts; i++ {
+		h := &Host{
+			Index:     i,
+			Namespace: t.Prefix + strconv.Itoa(i),
+			Bridge:    "br0",
+			PortAddrs: []netip.Prefix{
+				netip.MustParsePrefix(fmt.Sprintf("10.55.0.%d/24", i)),
+				netip.MustParsePrefix(fmt.Sprintf("fd55::%d/64", i)),
+			},
+			KernelAddrs: []netip.Prefix{
+				netip.MustParsePrefix(fmt.Sprintf("10.55.0.%d/24", 100+i)),
+				netip.MustParsePrefix(fmt.Sprintf("fd55::%d/64", 100+i)),
+			},
+		}
+		if err := l.addNS(h.Namespace); err != nil {
+			return l, err
+		}
+		l.Hosts = append(l.Hosts, h)
+	}
+	if err := l.wire(); err != nil {
+		return l, err
+	}
+	for _, h := range l.Hosts {
+		if err := l.bridge(h); err != nil {
+			return l, err
+		}
+		if err := l.openPort(h); err != nil {
+			return l, err
+		}
+	}
+	return l, nil
+}
+
+func (l *Lab) addNS(name string) error {
+	if err := createNS(name); err != nil {
+		return fmt.Errorf("lab: %w", err)
+	}
+	l.namespaces = append(l.namespaces, name)
+	return nil
+}
+
+// wire joins the hosts: two directly by a veth pair, more through a switch
+// namespace with one bridge.
+func (l *Lab) wire() error {
+	if len(l.Hosts) == 2 {
+		a, b := l.Hosts[0], l.Hosts[1]
+		a.Uplink, b.Uplink = "veth-to-2", "veth-to-1"
+		return l.veth(a.Namespace, a.Uplink, b.Namespace, b.Uplink)
+	}
+	sw := l.Prefix + "sw"
+	if err := l.addNS(sw); err != nil {
+		return err
+	}
+	err := inNS(sw, func(h *netlink.Handle) error {
+		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0", MTU: l.MTU}}
+		if err := h.LinkAdd(br); err != nil {
+			return fmt.Errorf("switch bridge: %w", err)
+		}
+		return h.LinkSetUp(br)
+	})
+	if err != nil {
+		return fmt.Errorf("lab: %w", err)
+	}
+	for _, host := range l.Hosts {
+		host.Uplink = "uplink"
+		port := "host" + strconv.Itoa(host.Index)
+		if err := l.veth(host.Namespace, host.Uplink, sw, port); err != nil {
+			return err
+		}
+		err := inNS(sw, func(h *netlink.Handle) error {
+			link, err := h.LinkByName(port)
+			if err != nil {
+				return err
+			}
+			br, err := h.LinkByName("br0")
+			if err != nil {
+				return err
+			}
+			return h.LinkSetMaster(link, br)
+		})
+		if err != nil {
+			return fmt.Errorf("lab: attaching %s to the switch: %w", port, err)
+		}
+	}
+	return nil
+}
+
+// veth creates a veth pair with one end in each namespace, both up.
+func (l *Lab) veth(nsA, nameA, nsB, nameB string) error {
+	fdA, err := unix.Open(nsPath(nsA), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("lab: %w", err)
+	}
+	defer unix.Close(fdA)
+	fdB, err := unix.Open(nsPath(nsB), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("lab: %w", err)
+	}
+	defer unix.Close(fdB)
+	v := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: nameA, MTU: l.MTU, Namespace: netlink.NsFd(fdA)},
+		PeerName:      nameB,
+		PeerNamespace: netlink.NsFd(fdB),
+	}
+	if err := netlink.LinkAdd(v); err != nil {
+		return fmt.Errorf("lab: veth %s/%s – %s/%s: %w", nsA, nameA, nsB, nameB, err)
+	}
+	for _, e := range []struct{ ns, name string }{{nsA, nameA}, {nsB, nameB}} {
+		err := inNS(e.ns, func(h *netlink.Handle) error {
+			link, err := h.LinkByName(e.name)
+			if err != nil {
+				return err
+			}
+			if err := h.LinkSetMTU(link, l.MTU); err != nil {
+				return err
+			}
+			return h.LinkSetUp(link)
+		})
+		if err != nil {
+			return fmt.Errorf("lab: bringing up %s/%s: %w", e.ns, e.name, err)
+		}
+	}
+	return nil
+}
+
+// bridge builds a host's bridge: the uplink as its port, the kernel's own
+// addresses on it, loopback up.
+func (l *Lab) bridge(host *Host) error {
+	err := inNS(host.Namespace, func(h *netlink.Handle) error {
+		lo, err := h.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		if err := h.LinkSetUp(lo); err != nil {
+			return err
+		}
+		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: host.Bridge, MTU: l.MTU}}
+		if err := h.LinkAdd(br); err != nil {
+			return fmt.Errorf("bridge: %w", err)
+		}
+		up, err := h.LinkByName(host.Uplink)
+		if err != nil {
+			return err
+		}
+		if err := h.LinkSetMaster(up, br); err != nil {
+			return err
+		}
+		// Bridge ports carry no addresses of their own.
+		_ = writeSysctl("net/ipv6/conf/"+host.Uplink+"/disable_ipv6", "1")
+		for _, p := range host.KernelAddrs {
+			addr := &netlink.Addr{IPNet: prefixToIPNet(p), Flags: unix.IFA_F_NODAD}
+			if err := h.AddrAdd(br, addr); err != nil {
+				return fmt.Errorf("address %v: %w", p, err)
+			}
+		}
+		return h.LinkSetUp(br)
+	})
+	if err != nil {
+		return fmt.Errorf("lab: host %s: %w", host.Namespace, err)
+	}
+	return nil
+}
+
+func (l *Lab) openPort(host *Host) error {
+	idx := host.Index
+	var handler func([]byte, *roce.Packet)
+	if l.Handler != nil {
+		handler = func(frame []byte, p *roce.Packet) { l.Handler(idx, frame, p) }
+	}
+	port, err := appliance.OpenPort(appliance.PortConfig{
+		Namespace: host.Namespace,
+		Netns:     nsPath(host.Namespace),
+		Name:      appliance.DefaultPortName,
+		Addrs:     host.PortAddrs,
+		MTU:       l.MTU,
+		Offload:   l.Offload,
+		Ingress:   l.Ingress,
+		Egress:    l.Egress,
+		Capture:   l.Capture,
+		Handler:   handler,
+		Logger:    l.Logger,
+	})
+	if err != nil {
+		return fmt.Errorf("lab: %w", err)
+	}
+	host.Port = port
+	err = inNS(host.Namespace, func(h *netlink.Handle) error {
+		_ = writeSysctl("net/ipv6/conf/"+appliance.DefaultPortName+"/disable_ipv6", "1")
+		link, err := h.LinkByName(appliance.DefaultPortName)
+		if err != nil {
+			return err
+		}
+		br, err := h.LinkByName(host.Bridge)
+		if err != nil {
+			return err
+		}
+		return h.LinkSetMaster(link, br)
+	})
+	if err != nil {
+		return fmt.Errorf("lab: attaching the TAP of %s: %w", host.Namespace, err)
+	}
+	// The TAP joined the bridge after the station announced itself on an
+	// unattached device: announce again now that the link is complete.
+	port.Station().Announce()
+	return nil
+}
+
+// Close stops the ports and deletes the namespaces (with every link in
+// them). It is safe on a partly built lab.
+func (l *Lab) Close() error {
+	var errs []error
+	for _, h := range l.Hosts {
+		if h.Port != nil {
+			if err := h.Port.Close(); err != nil {
+				errs = append(errs, err)
+			}
+			h.Port = nil
+		}
+	}
+	for i := len(l.namespaces) - 1; i >= 0; i-- {
+		if err := deleteNS(l.namespaces[i]); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	l.namespaces = nil
+	return errors.Join(errs...)
+}
+
+// Neighbor returns the MAC that the kernel of namespace ns has for ip, as
+// `ip neigh` shows it, and whether it has a usable entry.
+func Neighbor(ns string, ip netip.Addr) (net.HardwareAddr, bool, error) {
+	var mac net.HardwareAddr
+	var found bool
+	err := inNS(ns, func(h *netlink.Handle) error {
+		family := netlink.FAMILY_V4
+		if ip.Is6() {
+			family = netlink.FAMILY_V6
+		}
+		neighs, err := h.NeighList(0, family)
+		if err != nil {
+			return err
+		}
+		for _, n := range neighs {
+			a, ok := netip.AddrFromSlice(n.IP)
+			if ok && a.Unmap() == ip && n.State&(netlink.NUD_REACHABLE|netlink.NUD_STALE|netlink.NUD_DELAY|netlink.NUD_PROBE|netlink.NUD_PERMANENT) != 0 {
+				mac, found = n.HardwareAddr, true
+			}
+		}
+		return nil
+	})
+	return mac, found, err
+}
+
+func prefixToIPNet(p netip.Prefix) *net.IPNet {
+	bits := 32
+	if p.Addr().Is6() {
+		bits = 128
+	}
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), bits)}
+}
+
+// waitFor polls cond every 10 ms until it holds or timeout passes.
+func waitFor(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

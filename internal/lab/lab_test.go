@@ -1,0 +1,190 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/taproce/taproce/internal/decode"
+	"github.com/taproce/taproce/internal/testnet"
+)
+
+// prefix returns a namespace prefix unique to this test run, and checks
+// when the test ends that nothing with it is left.
+func prefix(t *testing.T) string {
+	t.Helper()
+	testnet.RequireRoot(t)
+	p := testnet.Name() + "-"
+	t.Cleanup(func() {
+		left, _ := listNS(p)
+		for _, n := range left {
+			_ = deleteNS(n)
+		}
+		if len(left) > 0 {
+			t.Errorf("namespaces left behind: %v", left)
+		}
+	})
+	return p
+}
+
+// rootLinks lists the links of the test's own namespace.
+func rootLinks(t *testing.T) map[string]bool {
+	t.Helper()
+	links, err := netlink.LinkList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]bool{}
+	for _, l := range links {
+		m[l.Attrs().Name] = true
+	}
+	return m
+}
+
+// TestLabChecks builds two hosts and runs every check: pings over IPv4 and
+// IPv6 from the other namespace's kernel, ip neigh showing the port's MAC,
+// station-to-station resolution, silence for an unowned address. It also
+// watches the veth: frames from the station carry the port's MAC.
+func TestLabChecks(t *testing.T) {
+	p := prefix(t)
+	before := rootLinks(t)
+	l, err := Build(Topology{Prefix: p, Hosts: 2, Offload: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := l.Close(); err != nil {
+			t.Error(err)
+		}
+		for name := range rootLinks(t) {
+			if !before[name] {
+				t.Errorf("link %s left in the root namespace", name)
+			}
+		}
+	}()
+	a, b := l.Hosts[0], l.Hosts[1]
+	sniff := startSniffer(t, b.Namespace, b.Uplink)
+	for _, s := range l.Checks(context.Background()) {
+		if !s.OK {
+			t.Errorf("%s: %s", s.Name, s.Detail)
+		}
+	}
+	frames := sniff()
+	mac := a.Port.MAC()
+	seen := 0
+	for _, f := range frames {
+		if bytes.Equal(f[6:12], mac[:]) {
+			seen++
+		}
+	}
+	if seen == 0 {
+		t.Errorf("no frame from port MAC %v among %d on %s/%s", mac, len(frames), b.Namespace, b.Uplink)
+	}
+}
+
+// startSniffer records the frames on an interface of a namespace until the
+// returned function is called.
+func startSniffer(t *testing.T, ns, ifname string) func() [][]byte {
+	t.Helper()
+	var fd int
+	err := inNS(ns, func(h *netlink.Handle) error {
+		link, err := h.LinkByName(ifname)
+		if err != nil {
+			return err
+		}
+		proto := int(htons(unix.ETH_P_ALL))
+		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, proto)
+		if err != nil {
+			return err
+		}
+		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: link.Attrs().Index})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tv := unix.NsecToTimeval(int64(50 * time.Millisecond))
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	stop := make(chan struct{})
+	done := make(chan [][]byte)
+	go func() {
+		var frames [][]byte
+		buf := make([]byte, 65536)
+		for {
+			select {
+			case <-stop:
+				unix.Close(fd)
+				done <- frames
+				return
+			default:
+			}
+			n, _, err := unix.Recvfrom(fd, buf, 0)
+			if err == nil && n >= 14 {
+				frames = append(frames, append([]byte(nil), buf[:n]...))
+			}
+		}
+	}()
+	return func() [][]byte { close(stop); return <-done }
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// TestLabRun runs the whole lab as `taproce lab` does, with impairment,
+// after planting a leftover namespace of a killed run, on three hosts
+// (the switch topology).
+func TestLabRun(t *testing.T) {
+	p := prefix(t)
+	if err := createNS(p + "7"); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	steps, err := Run(context.Background(), Options{
+		Prefix: p, Hosts: 3, MTU: 1500, Offload: true, Frames: 2000,
+		Impair: "loss=1%,duplicate=1%,reorder=5%,corrupt=0.1%,seed=7", Out: &out,
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if len(steps) < 10 || !strings.Contains(out.String(), "RoCE frames") {
+		t.Fatalf("table:\n%s", out.String())
+	}
+	t.Logf("\n%s", out.String())
+	if left, _ := listNS(p); len(left) != 0 {
+		t.Fatalf("left behind: %v", left)
+	}
+}
+
+// TestLabPcap: --pcap records the frames of both directions, and every
+// RoCE frame in it is well formed.
+func TestLabPcap(t *testing.T) {
+	p := prefix(t)
+	path := t.TempDir() + "/lab.pcap"
+	var out strings.Builder
+	if _, err := Run(context.Background(), Options{Prefix: p, Hosts: 2, Offload: false, Frames: 200, Pcap: path, Out: &out}); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	st, err := decode.File(io.Discard, path, decode.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 200 frames each way, sent and received: 800 RoCE frames at least.
+	if st.RoCE < 800 || st.Bad != 0 {
+		t.Fatalf("capture: %+v", st)
+	}
+}
+
+func TestBuildErrors(t *testing.T) {
+	for _, tp := range []Topology{{Hosts: 1}, {Hosts: 100}, {Hosts: 2, MTU: 500}} {
+		if _, err := Build(tp); err == nil {
+			t.Errorf("%+v accepted", tp)
+		}
+	}
+	if _, err := Run(context.Background(), Options{Hosts: 2, Impair: "loss=abc"}); err == nil {
+		t.Error("bad impair spec accepted")
+	}
+}

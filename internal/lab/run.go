@@ -1,0 +1,386 @@
+package lab
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/taproce/taproce/appliance/capture"
+	"github.com/taproce/taproce/appliance/impair"
+	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/tap"
+)
+
+// Options are the `taproce lab` flags.
+type Options struct {
+	Hosts   int
+	MTU     int
+	Impair  string // impair.ParseSpec syntax, applied to every port in both directions
+	Pcap    string // file to record every frame the ports send and receive
+	Keep    bool   // leave the lab up until interrupted
+	Offload bool   // UDP GSO super-frames on the TAPs
+	Frames  int    // RoCE frames per direction in the exchange
+	Prefix  string // namespace name prefix (default DefaultPrefix)
+	Out     io.Writer
+	Logger  *slog.Logger
+}
+
+// Step is one line of the result table.
+type Step struct {
+	Name   string
+	OK     bool
+	Detail string
+	Took   time.Duration
+}
+
+// PIDFile records the process of a lab kept up with --keep.
+var PIDFile = "/run/taproce/lab.pid"
+
+// ErrFailed is returned by Run when a step failed.
+var ErrFailed = errors.New("lab: a step failed")
+
+// Run builds the lab, runs every check and the exchange, prints the result
+// table and tears the lab down (after an interrupt, with Keep). It returns
+// ErrFailed when a step failed.
+func Run(ctx context.Context, o Options) ([]Step, error) {
+	if o.Out == nil {
+		o.Out = os.Stdout
+	}
+	if o.Prefix == "" {
+		o.Prefix = DefaultPrefix
+	}
+	if o.Frames == 0 {
+		o.Frames = 20000
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	spec, err := impair.ParseSpec(o.Impair)
+	if err != nil {
+		return nil, fmt.Errorf("lab: --impair: %w", err)
+	}
+	if err := cleanStale(o.Prefix); err != nil {
+		return nil, err
+	}
+	var pcap *capture.Writer
+	if o.Pcap != "" {
+		if pcap, err = capture.Create(o.Pcap); err != nil {
+			return nil, fmt.Errorf("lab: --pcap: %w", err)
+		}
+		defer pcap.Close()
+	}
+
+	ex := newExchange()
+	start := time.Now()
+	l, err := Build(Topology{
+		Prefix: o.Prefix, Hosts: o.Hosts, MTU: o.MTU, Offload: o.Offload,
+		Ingress: spec, Egress: spec, Capture: pcap, Handler: ex.receive, Logger: o.Logger,
+	})
+	steps := []Step{{Name: "build", OK: err == nil, Took: time.Since(start)}}
+	if err != nil {
+		steps[0].Detail = err.Error()
+		printSteps(o.Out, steps)
+		return steps, ErrFailed
+	}
+	defer l.Close()
+	steps[0].Detail = fmt.Sprintf("%d namespaces, veth+bridge, TAP per host, MTU %d, super-frames %v", o.Hosts, l.MTU, l.Hosts[0].Port.Device().(*tap.Tap).Offloaded())
+
+	steps = append(steps, l.Checks(ctx)...)
+	n := len(l.Hosts)
+	for i, src := range l.Hosts {
+		dst := l.Hosts[(i+1)%n]
+		if n == 2 && i == 1 {
+			dst = l.Hosts[0]
+		}
+		steps = append(steps, ex.run(ctx, src, dst, o.Frames, spec))
+	}
+	printSteps(o.Out, steps)
+	failed := false
+	for _, s := range steps {
+		failed = failed || !s.OK
+	}
+	if o.Keep {
+		keep(ctx, o.Out, l)
+	}
+	if failed {
+		return steps, ErrFailed
+	}
+	return steps, nil
+}
+
+// Checks proves that the stations are hosts on the wire: the kernel of
+// each namespace pings the port of the next over IPv4 and IPv6, its
+// neighbour table then holds the port's MAC, the stations resolve each
+// other, and an address no station owns gets no answer.
+func (l *Lab) Checks(ctx context.Context) []Step {
+	var steps []Step
+	n := len(l.Hosts)
+	for i, target := range l.Hosts {
+		from := l.Hosts[(i+1)%n]
+		for _, ip := range []netip.Addr{target.PortIPv4(), target.PortIPv6()} {
+			start := time.Now()
+			rtt, err := ping(from.Namespace, ip, 3*time.Second)
+			s := Step{Name: fmt.Sprintf("ping %v from %s kernel", ip, from.Namespace), OK: err == nil, Took: time.Since(start)}
+			if err != nil {
+				s.Detail = err.Error()
+			} else {
+				s.Detail = fmt.Sprintf("rtt %v", rtt.Round(time.Microsecond))
+			}
+			steps = append(steps, s)
+			mac, ok, err := Neighbor(from.Namespace, ip)
+			want := target.Port.MAC()
+			s = Step{Name: fmt.Sprintf("ip neigh %v in %s", ip, from.Namespace), OK: err == nil && ok && string(mac) == string(want[:])}
+			s.Detail = fmt.Sprintf("%v (port MAC %v)", mac, want)
+			if err != nil {
+				s.Detail = err.Error()
+			}
+			steps = append(steps, s)
+		}
+	}
+	a, b := l.Hosts[0], l.Hosts[1]
+	for _, ip := range []netip.Addr{b.PortIPv4(), b.PortIPv6()} {
+		start := time.Now()
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		mac, err := a.Port.Station().Resolve(cctx, ip)
+		cancel()
+		s := Step{Name: fmt.Sprintf("station %s resolves %v", a.Namespace, ip), OK: err == nil && mac == b.Port.MAC(), Took: time.Since(start)}
+		s.Detail = mac.String()
+		if err != nil {
+			s.Detail = err.Error()
+		}
+		steps = append(steps, s)
+	}
+	stranger := netip.MustParseAddr("10.55.0.250")
+	start := time.Now()
+	_, err := ping(b.Namespace, stranger, time.Second)
+	s := Step{Name: fmt.Sprintf("no answer for unowned %v", stranger), OK: errors.Is(err, errNoReply), Took: time.Since(start), Detail: "silence, as it should be"}
+	if !s.OK {
+		s.Detail = fmt.Sprintf("got %v", err)
+	}
+	steps = append(steps, s)
+	return steps
+}
+
+// exchange sends RoCEv2 frames between ports and checks what arrives.
+type exchange struct {
+	received, intact atomic.Uint64
+	tag              atomic.Uint32
+	credit           chan struct{} // one per creditEvery packets received
+}
+
+// creditEvery is how many received packets hand the sender one credit.
+const creditEvery = 16
+
+func newExchange() *exchange { return &exchange{credit: make(chan struct{}, 64)} }
+
+const exchangeQP = 0x4242
+
+// receive is the ports' handler: it counts the exchange's packets whose
+// payload carries the current tag and the pattern of its sequence number.
+func (e *exchange) receive(_ int, frame []byte, p *roce.Packet) {
+	if p.BTH.Opcode != roce.UDSendOnly || p.BTH.DestQP != exchangeQP || p.DETH.QKey != e.tag.Load() {
+		return
+	}
+	if e.received.Add(1)%creditEvery == 0 {
+		select {
+		case e.credit <- struct{}{}:
+		default:
+		}
+	}
+	pay := p.Payload(frame)
+	if len(pay) < 8 {
+		return
+	}
+	seq := binary.BigEndian.Uint32(pay[4:8])
+	for i := 8; i < len(pay); i++ {
+		if pay[i] != byte(seq)+byte(i) {
+			return
+		}
+	}
+	e.intact.Add(1)
+}
+
+// run sends count UD SEND packets of a path-MTU payload from src to dst
+// in batches of 32 (one super-frame each where the TAP allows) and waits
+// for them to arrive. UD has no flow control of its own, so the sender
+// keeps at most a window of packets in flight, as a receiver's posted
+// buffers would bound it; a credit that does not come within 20 ms (a
+// lost packet, under impairment) lets the next batch go.
+func (e *exchange) run(ctx context.Context, src, dst *Host, count int, spec impair.Spec) Step {
+	name := fmt.Sprintf("RoCE frames %s → %s", src.Namespace, dst.Namespace)
+	tag := e.tag.Add(1)
+	e.received.Store(0)
+	e.intact.Store(0)
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	mac, err := src.Port.Station().Resolve(rctx, dst.PortIPv4())
+	cancel()
+	if err != nil {
+		return Step{Name: name, Detail: err.Error()}
+	}
+	mtu := roce.MTUForNetdev(src.Port.Device().MTU()).Bytes()
+	pkt := roce.Packet{
+		DstMAC: mac, SrcMAC: src.Port.MAC(),
+		Src: src.PortIPv4(), Dst: dst.PortIPv4(), TTL: 64, DontFragment: true,
+		SrcPort: roce.DatagramSourcePort(exchangeQP), DstPort: roce.UDPPort,
+		BTH:  roce.BTHFields{Opcode: roce.UDSendOnly, PKey: roce.DefaultPKey, DestQP: exchangeQP},
+		DETH: roce.DETHFields{QKey: tag, SrcQP: exchangeQP},
+	}
+	const batch = 32
+	bufs := make([][]byte, batch)
+	for i := range bufs {
+		bufs[i] = make([]byte, tap.Headroom+mtu+128)
+	}
+	payload := make([]byte, mtu)
+	const window = 16 * batch
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	start := time.Now()
+	var bytes int
+	for sent := 0; sent < count; {
+		for sent-int(e.received.Load()) >= window {
+			timer.Reset(20 * time.Millisecond)
+			select {
+			case <-e.credit:
+				continue
+			case <-timer.C:
+			case <-ctx.Done():
+				return Step{Name: name, Detail: ctx.Err().Error()}
+			}
+			break
+		}
+		k := min(batch, count-sent)
+		for i := 0; i < k; i++ {
+			seq := uint32(sent + i)
+			binary.BigEndian.PutUint32(payload[0:4], tag)
+			binary.BigEndian.PutUint32(payload[4:8], seq)
+			for j := 8; j < len(payload); j++ {
+				payload[j] = byte(seq) + byte(j)
+			}
+			pkt.ID = uint16(seq)
+			pkt.BTH.PSN = roce.PSN(seq)
+			n, err := pkt.Build(bufs[i][tap.Headroom:], payload)
+			if err != nil {
+				return Step{Name: name, Detail: err.Error()}
+			}
+			bufs[i] = bufs[i][:tap.Headroom+n]
+			bytes += n
+		}
+		if err := src.Port.Send(bufs[:k], tap.Headroom); err != nil {
+			return Step{Name: name, Detail: err.Error()}
+		}
+		for i := 0; i < k; i++ {
+			bufs[i] = bufs[i][:cap(bufs[i])]
+		}
+		sent += k
+	}
+	last, lastAt := e.received.Load(), time.Now()
+	for last < uint64(count) && time.Since(lastAt) < 200*time.Millisecond {
+		time.Sleep(time.Millisecond)
+		if n := e.received.Load(); n != last {
+			last, lastAt = n, time.Now()
+		}
+	}
+	took := lastAt.Sub(start)
+	got, ok := e.received.Load(), e.intact.Load()
+	s := Step{Name: name, Took: took}
+	s.Detail = fmt.Sprintf("%d sent, %d received, %d intact, %.0f MB/s, %.0f kpps", count, got, ok,
+		float64(bytes)/took.Seconds()/1e6, float64(got)/took.Seconds()/1e3)
+	if spec.Enabled() {
+		// Loss and corruption are expected; what arrives must be intact.
+		s.OK = got > 0 && ok == got
+	} else {
+		s.OK = ok == uint64(count) && got == uint64(count)
+	}
+	return s
+}
+
+func printSteps(w io.Writer, steps []Step) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "STEP\tRESULT\tTIME\tDETAIL")
+	for _, s := range steps {
+		r := "ok"
+		if !s.OK {
+			r = "FAIL"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%v\t%s\n", s.Name, r, s.Took.Round(time.Millisecond), s.Detail)
+	}
+	tw.Flush()
+}
+
+// keep leaves the lab up until the context ends or a signal arrives.
+func keep(ctx context.Context, w io.Writer, l *Lab) {
+	_ = os.MkdirAll(filepath.Dir(PIDFile), 0o755)
+	_ = os.WriteFile(PIDFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644)
+	defer os.Remove(PIDFile)
+	fmt.Fprintln(w, "\nThe lab stays up until this process ends (Ctrl-C, or `taproce lab down`). Enter it with:")
+	for _, h := range l.Hosts {
+		fmt.Fprintf(w, "  ip netns exec %s bash    # port %v %v MAC %v, kernel %v\n", h.Namespace, h.PortIPv4(), h.PortIPv6(), h.Port.MAC(), h.KernelAddrs[0].Addr())
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	select {
+	case <-ctx.Done():
+	case <-sig:
+	}
+}
+
+// cleanStale removes what a killed lab left behind: its namespaces and PID
+// file. A lab that is still running (--keep) is left alone, with an error.
+func cleanStale(prefix string) error {
+	if pid, ok := runningLab(); ok {
+		return fmt.Errorf("lab: a lab is running (pid %d); stop it with `taproce lab down`", pid)
+	}
+	_ = os.Remove(PIDFile)
+	names, err := listNS(prefix)
+	if err != nil {
+		return fmt.Errorf("lab: %w", err)
+	}
+	var errs []error
+	for _, n := range names {
+		errs = append(errs, deleteNS(n))
+	}
+	return errors.Join(errs...)
+}
+
+// runningLab returns the PID of a kept lab that is still alive.
+func runningLab() (int, bool) {
+	data, err := os.ReadFile(PIDFile)
+	if err != nil {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil || pid <= 0 || pid == os.Getpid() {
+		return 0, false
+	}
+	if syscall.Kill(pid, 0) != nil {
+		return 0, false
+	}
+	cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return pid, strings.Contains(string(cmd), "lab")
+}
+
+// Down stops a kept lab and removes every namespace of the lab prefix.
+func Down(prefix string) error {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	if pid, ok := runningLab(); ok {
+		_ = syscall.Kill(pid, syscall.SIGTERM)
+		waitFor(10*time.Second, func() bool { return syscall.Kill(pid, 0) != nil })
+	}
+	return cleanStale(prefix)
+}

@@ -1,0 +1,73 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/taproce/taproce/internal/lab"
+)
+
+// runLab implements `taproce lab [flags]` and `taproce lab down`.
+func runLab(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "down" {
+		if err := lab.Down(""); err != nil {
+			fmt.Fprintf(stderr, "taproce lab down: %v\n", err)
+			return 1
+		}
+		fmt.Fprintln(stdout, "lab removed")
+		return 0
+	}
+	fs := flag.NewFlagSet("lab", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o lab.Options
+	fs.IntVar(&o.Hosts, "hosts", 2, "number of host namespaces")
+	fs.IntVar(&o.MTU, "mtu", 1500, "MTU of veths, bridges and TAPs")
+	fs.StringVar(&o.Impair, "impair", "", `fault injection on every port, both directions: "loss=1%,duplicate=1%,reorder=5%,corrupt=0.1%,delay=200us,seed=7"`)
+	fs.StringVar(&o.Pcap, "pcap", "", "write every frame the ports send and receive to this pcap file")
+	fs.BoolVar(&o.Keep, "keep", false, "leave the lab up until interrupted; remove it with `taproce lab down`")
+	fs.BoolVar(&o.Offload, "super-frames", true, "move many RoCE packets per TAP syscall (UDP GSO)")
+	fs.IntVar(&o.Frames, "frames", 20000, "RoCE frames per direction in the exchange")
+	verbose := fs.Bool("v", false, "log port events")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "Usage: taproce lab [flags]    build the lab, run the checks and the exchange, print the results")
+		fmt.Fprintln(stderr, "       taproce lab down       remove a lab left up (--keep) or left behind")
+		fmt.Fprintln(stderr, "\nNeeds root (CAP_NET_ADMIN, CAP_SYS_ADMIN) and /dev/net/tun; no kernel RDMA support.")
+		fmt.Fprintln(stderr)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() != 0 {
+		fs.Usage()
+		return 2
+	}
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(stderr, "taproce lab: needs root (network namespaces, TAP devices)")
+		return 2
+	}
+	o.Out = stdout
+	if *verbose {
+		o.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if _, err := lab.Run(ctx, o); err != nil {
+		if !errors.Is(err, lab.ErrFailed) {
+			fmt.Fprintf(stderr, "taproce lab: %v\n", err)
+			return 2
+		}
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,317 @@
+package tap
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"sync"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// Config describes a TAP device to create.
+type Config struct {
+	// Name of the interface (at most 15 bytes).
+	Name string
+	// Netns is the path of the network namespace to create it in
+	// (/var/run/netns/NAME, /proc/PID/ns/net); empty means the caller's.
+	Netns string
+	// MAC, when set, becomes the interface's address.
+	MAC net.HardwareAddr
+	// MTU, when non-zero, becomes the interface's MTU.
+	MTU int
+	// Offload asks for a virtio-net header with checksum and UDP
+	// segmentation offloads, so that writes and reads carry UDP GSO
+	// super-frames. A kernel that refuses falls back to one frame per
+	// syscall; Offloaded tells which one the device got.
+	Offload bool
+	// MultiQueue opens the device with IFF_MULTI_QUEUE.
+	MultiQueue bool
+	// Down leaves the interface down.
+	Down bool
+}
+
+// Tap is a Linux TAP device. Read and Write may be called from different
+// goroutines; concurrent Writes are serialised.
+type Tap struct {
+	file      *os.File
+	name      string
+	mtu       int
+	offloaded bool
+
+	wmu   sync.Mutex
+	super []byte   // coalesced super-frame, with headroom
+	one   [][]byte // scratch for single-frame writes
+
+	rmu  sync.Mutex
+	rbuf []byte // whole read, header included, when offloaded
+}
+
+// tunPath is the clone device.
+const tunPath = "/dev/net/tun"
+
+// maxSuper is the largest super-frame: an IP datagram of 64 KiB plus the
+// Ethernet header.
+const maxSuper = 14 + 65535
+
+// Create creates the TAP device described by cfg, sets its MAC and MTU and
+// brings it up, all inside cfg.Netns. The device disappears when the Tap is
+// closed.
+func Create(cfg Config) (*Tap, error) {
+	if cfg.Name == "" || len(cfg.Name) >= unix.IFNAMSIZ {
+		return nil, fmt.Errorf("tap: invalid interface name %q", cfg.Name)
+	}
+	var t *Tap
+	err := inNetns(cfg.Netns, func(h *netlink.Handle) error {
+		var err error
+		t, err = open(cfg)
+		if err != nil {
+			return err
+		}
+		if err := configure(h, cfg); err != nil {
+			t.Close()
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if cfg.MTU != 0 {
+		t.mtu = cfg.MTU
+	}
+	return t, nil
+}
+
+// inNetns runs fn on a thread switched into the namespace at path (the
+// current one when path is empty), with a netlink handle for it.
+func inNetns(path string, fn func(h *netlink.Handle) error) error {
+	if path == "" {
+		h, err := netlink.NewHandle()
+		if err != nil {
+			return fmt.Errorf("tap: netlink: %w", err)
+		}
+		defer h.Close()
+		return fn(h)
+	}
+	target, err := netns.GetFromPath(path)
+	if err != nil {
+		return fmt.Errorf("tap: network namespace %s: %w", path, err)
+	}
+	defer target.Close()
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("tap: current network namespace: %w", err)
+	}
+	defer orig.Close()
+	if err := netns.Set(target); err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("tap: entering %s: %w", path, err)
+	}
+	defer func() {
+		// A thread that cannot go back stays locked and dies with its
+		// goroutine, so no other goroutine runs in the wrong namespace.
+		if netns.Set(orig) == nil {
+			runtime.UnlockOSThread()
+		}
+	}()
+	h, err := netlink.NewHandleAt(target)
+	if err != nil {
+		return fmt.Errorf("tap: netlink in %s: %w", path, err)
+	}
+	defer h.Close()
+	return fn(h)
+}
+
+// open opens the clone device and attaches it to the interface, with the
+// offloads when asked and allowed.
+func open(cfg Config) (*Tap, error) {
+	if cfg.Offload {
+		t, err := openFlags(cfg, unix.IFF_VNET_HDR)
+		if err == nil {
+			const offloads = unix.TUN_F_CSUM | unix.TUN_F_USO4 | unix.TUN_F_USO6
+			if err = unix.IoctlSetInt(int(t.file.Fd()), unix.TUNSETOFFLOAD, offloads); err == nil {
+				t.offloaded = true
+				t.super = make([]byte, Headroom+maxSuper)
+				t.rbuf = make([]byte, Headroom+maxSuper)
+				return t, nil
+			}
+			t.file.Close()
+		}
+		// Fall through: a kernel without USO gets one frame per syscall.
+	}
+	return openFlags(cfg, 0)
+}
+
+func openFlags(cfg Config, extra uint16) (*Tap, error) {
+	fd, err := unix.Open(tunPath, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, fmt.Errorf("tap: opening %s: %w", tunPath, err)
+	}
+	ifr, err := unix.NewIfreq(cfg.Name)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("tap: %w", err)
+	}
+	flags := uint16(unix.IFF_TAP|unix.IFF_NO_PI) | extra
+	if cfg.MultiQueue {
+		flags |= unix.IFF_MULTI_QUEUE
+	}
+	ifr.SetUint16(flags)
+	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("tap: creating %s: %w", cfg.Name, err)
+	}
+	if extra&unix.IFF_VNET_HDR != 0 {
+		if err := unix.IoctlSetPointerInt(fd, unix.TUNSETVNETHDRSZ, VirtioNetHdrLen); err != nil {
+			unix.Close(fd)
+			return nil, fmt.Errorf("tap: setting the virtio-net header size: %w", err)
+		}
+	}
+	// A non-blocking fd in os.File goes through the runtime poller, so a
+	// blocked Read returns when the file is closed.
+	return &Tap{file: os.NewFile(uintptr(fd), tunPath), name: ifr.Name(), mtu: 1500, one: make([][]byte, 1)}, nil
+}
+
+func configure(h *netlink.Handle, cfg Config) error {
+	link, err := h.LinkByName(cfg.Name)
+	if err != nil {
+		return fmt.Errorf("tap: finding %s: %w", cfg.Name, err)
+	}
+	if len(cfg.MAC) != 0 {
+		if err := h.LinkSetHardwareAddr(link, cfg.MAC); err != nil {
+			return fmt.Errorf("tap: setting MAC of %s: %w", cfg.Name, err)
+		}
+	}
+	if cfg.MTU != 0 {
+		if err := h.LinkSetMTU(link, cfg.MTU); err != nil {
+			return fmt.Errorf("tap: setting MTU of %s to %d: %w", cfg.Name, cfg.MTU, err)
+		}
+	}
+	if !cfg.Down {
+		if err := h.LinkSetUp(link); err != nil {
+			return fmt.Errorf("tap: bringing %s up: %w", cfg.Name, err)
+		}
+	}
+	return nil
+}
+
+// Offloaded reports whether the device carries virtio-net headers and UDP
+// GSO super-frames.
+func (t *Tap) Offloaded() bool { return t.offloaded }
+
+// Name implements Device.
+func (t *Tap) Name() string { return t.name }
+
+// MTU implements Device.
+func (t *Tap) MTU() int { return t.mtu }
+
+// BatchSize implements Device: one frame per read without offloads, the
+// segments of one super-frame with them.
+func (t *Tap) BatchSize() int {
+	if t.offloaded {
+		return maxReadSegments
+	}
+	return 1
+}
+
+// Close implements Device.
+func (t *Tap) Close() error { return t.file.Close() }
+
+func mapClosed(err error) error {
+	if errors.Is(err, os.ErrClosed) {
+		return ErrClosed
+	}
+	return err
+}
+
+// Read implements Device. With offloads, one read may return a UDP GSO
+// super-frame, which is split into its datagrams.
+func (t *Tap) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
+	if !t.offloaded {
+		n, err := t.file.Read(bufs[0][offset:])
+		if err != nil {
+			return 0, mapClosed(err)
+		}
+		sizes[0] = n
+		return 1, nil
+	}
+	t.rmu.Lock()
+	defer t.rmu.Unlock()
+	n, err := t.file.Read(t.rbuf)
+	if err != nil {
+		return 0, mapClosed(err)
+	}
+	if n < VirtioNetHdrLen {
+		return 0, fmt.Errorf("tap: read %d bytes, shorter than the virtio-net header", n)
+	}
+	var h VirtioNetHdr
+	if err := h.Decode(t.rbuf[:VirtioNetHdrLen]); err != nil {
+		return 0, err
+	}
+	return SplitUSO(&h, t.rbuf[VirtioNetHdrLen:n], bufs, sizes, offset)
+}
+
+// Write implements Device. With offloads, runs of RoCE frames of one flow
+// (equal sizes, consecutive IP IDs) go out as one UDP GSO super-frame each,
+// every other frame with an empty virtio-net header; without, one frame
+// per syscall.
+func (t *Tap) Write(bufs [][]byte, offset int) (int, error) {
+	if !t.offloaded {
+		for i, b := range bufs {
+			if _, err := t.file.Write(b[offset:]); err != nil {
+				return i, mapClosed(err)
+			}
+		}
+		return len(bufs), nil
+	}
+	if offset < Headroom {
+		return 0, ErrOffset
+	}
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	frames := t.one[:0]
+	written := 0
+	for written < len(bufs) {
+		frames = frames[:0]
+		for _, b := range bufs[written:] {
+			frames = append(frames, b[offset:])
+		}
+		k := CoalesceRun(frames, maxSegments)
+		if k <= 1 {
+			b := bufs[written]
+			var h VirtioNetHdr
+			h.Encode(b[offset-VirtioNetHdrLen : offset])
+			if _, err := t.file.Write(b[offset-VirtioNetHdrLen:]); err != nil {
+				return written, mapClosed(err)
+			}
+			written++
+			continue
+		}
+		n, h, err := Coalesce(t.super[VirtioNetHdrLen:], frames[:k])
+		if err != nil {
+			return written, err
+		}
+		h.Encode(t.super[:VirtioNetHdrLen])
+		if _, err := t.file.Write(t.super[:VirtioNetHdrLen+n]); err != nil {
+			return written, mapClosed(err)
+		}
+		written += k
+	}
+	t.one = frames
+	return written, nil
+}
+
+// maxSegments bounds the datagrams of one super-frame we write (older
+// kernels take at most 64); maxReadSegments those of one we read (newer
+// kernels let other writers send up to 128).
+const (
+	maxSegments     = MaxGSOSegments
+	maxReadSegments = 128
+)

@@ -1,0 +1,37 @@
+package tap
+
+import (
+	"bytes"
+	"testing"
+)
+
+func TestFakePair(t *testing.T) {
+	a, b := NewFakePair(1500, 8)
+	defer a.Close()
+	frames := [][]byte{
+		append(make([]byte, Headroom), "one"...),
+		append(make([]byte, Headroom), "two"...),
+	}
+	if n, err := a.Write(frames, Headroom); n != 2 || err != nil {
+		t.Fatalf("Write = %d, %v", n, err)
+	}
+	bufs := [][]byte{make([]byte, 64), make([]byte, 64), make([]byte, 64)}
+	sizes := make([]int, 3)
+	n, err := b.Read(bufs, sizes, Headroom)
+	if err != nil || n != 2 {
+		t.Fatalf("Read = %d, %v", n, err)
+	}
+	for i, want := range []string{"one", "two"} {
+		if got := bufs[i][Headroom : Headroom+sizes[i]]; !bytes.Equal(got, []byte(want)) {
+			t.Errorf("frame %d = %q", i, got)
+		}
+	}
+	b.Close()
+	if _, err := b.Read(bufs, sizes, Headroom); err != ErrClosed {
+		t.Fatalf("Read after Close: %v", err)
+	}
+	// Writing towards a closed peer loses the frames, like a dead link.
+	if n, err := a.Write(frames[:1], Headroom); n != 1 || err != nil {
+		t.Fatalf("Write to closed peer = %d, %v", n, err)
+	}
+}
