@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"runtime"
 	"sync"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/taproce/taproce/internal/netnsutil"
 )
 
 // Config describes a TAP device to create.
@@ -66,7 +66,7 @@ func Create(cfg Config) (*Tap, error) {
 		return nil, fmt.Errorf("tap: invalid interface name %q", cfg.Name)
 	}
 	var t *Tap
-	err := inNetns(cfg.Netns, func(h *netlink.Handle) error {
+	err := netnsutil.Do(cfg.Netns, func(h *netlink.Handle) error {
 		var err error
 		t, err = open(cfg)
 		if err != nil {
@@ -79,54 +79,12 @@ func Create(cfg Config) (*Tap, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("tap: %w", err)
 	}
 	if cfg.MTU != 0 {
 		t.mtu = cfg.MTU
 	}
 	return t, nil
-}
-
-// inNetns runs fn on a thread switched into the namespace at path (the
-// current one when path is empty), with a netlink handle for it.
-func inNetns(path string, fn func(h *netlink.Handle) error) error {
-	if path == "" {
-		h, err := netlink.NewHandle()
-		if err != nil {
-			return fmt.Errorf("tap: netlink: %w", err)
-		}
-		defer h.Close()
-		return fn(h)
-	}
-	target, err := netns.GetFromPath(path)
-	if err != nil {
-		return fmt.Errorf("tap: network namespace %s: %w", path, err)
-	}
-	defer target.Close()
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("tap: current network namespace: %w", err)
-	}
-	defer orig.Close()
-	if err := netns.Set(target); err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("tap: entering %s: %w", path, err)
-	}
-	defer func() {
-		// A thread that cannot go back stays locked and dies with its
-		// goroutine, so no other goroutine runs in the wrong namespace.
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-	}()
-	h, err := netlink.NewHandleAt(target)
-	if err != nil {
-		return fmt.Errorf("tap: netlink in %s: %w", path, err)
-	}
-	defer h.Close()
-	return fn(h)
 }
 
 // open opens the clone device and attaches it to the interface, with the

@@ -7,9 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
-
 	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/internal/netnsutil"
 	"github.com/taproce/taproce/internal/testnet"
 	"github.com/taproce/taproce/tap"
 )
@@ -166,24 +165,12 @@ func benchPath(b *testing.B, offload bool) {
 // rawTap adds a TAP named raw0 to a host's bridge.
 func rawTap(b *testing.B, h *Host, offload bool) *tap.Tap {
 	b.Helper()
-	dev, err := tap.Create(tap.Config{Name: "raw0", Netns: nsPath(h.Namespace), MTU: 4200, Offload: offload,
+	dev, err := tap.Create(tap.Config{Name: "raw0", Netns: netnsutil.Path(h.Namespace), MTU: 4200, Offload: offload,
 		MAC: net.HardwareAddr{0x02, 0x52, 0x41, 0x57, byte(h.Index), 0xEE}})
 	if err != nil {
 		b.Fatal(err)
 	}
-	err = inNS(h.Namespace, func(nh *netlink.Handle) error {
-		_ = writeSysctl("net/ipv6/conf/raw0/disable_ipv6", "1")
-		link, err := nh.LinkByName("raw0")
-		if err != nil {
-			return err
-		}
-		br, err := nh.LinkByName(h.Bridge)
-		if err != nil {
-			return err
-		}
-		return nh.LinkSetMaster(link, br)
-	})
-	if err != nil {
+	if err := netnsutil.AttachToBridge(netnsutil.Path(h.Namespace), "raw0", h.Bridge); err != nil {
 		dev.Close()
 		b.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/taproce/taproce/appliance/capture"
 	"github.com/taproce/taproce/appliance/impair"
 	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/internal/netnsutil"
 )
 
 // DefaultPrefix starts the names of the lab's namespaces.
@@ -131,7 +132,7 @@ func Build(t Topology) (l *Lab, err error) {
 }
 
 func (l *Lab) addNS(name string) error {
-	if err := createNS(name); err != nil {
+	if err := netnsutil.Create(name); err != nil {
 		return fmt.Errorf("lab: %w", err)
 	}
 	l.namespaces = append(l.namespaces, name)
@@ -150,7 +151,7 @@ func (l *Lab) wire() error {
 	if err := l.addNS(sw); err != nil {
 		return err
 	}
-	err := inNS(sw, func(h *netlink.Handle) error {
+	err := netnsutil.Do(netnsutil.Path(sw), func(h *netlink.Handle) error {
 		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0", MTU: l.MTU}}
 		if err := h.LinkAdd(br); err != nil {
 			return fmt.Errorf("switch bridge: %w", err)
@@ -166,7 +167,7 @@ func (l *Lab) wire() error {
 		if err := l.veth(host.Namespace, host.Uplink, sw, port); err != nil {
 			return err
 		}
-		err := inNS(sw, func(h *netlink.Handle) error {
+		err := netnsutil.Do(netnsutil.Path(sw), func(h *netlink.Handle) error {
 			link, err := h.LinkByName(port)
 			if err != nil {
 				return err
@@ -186,12 +187,12 @@ func (l *Lab) wire() error {
 
 // veth creates a veth pair with one end in each namespace, both up.
 func (l *Lab) veth(nsA, nameA, nsB, nameB string) error {
-	fdA, err := unix.Open(nsPath(nsA), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	fdA, err := unix.Open(netnsutil.Path(nsA), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("lab: %w", err)
 	}
 	defer unix.Close(fdA)
-	fdB, err := unix.Open(nsPath(nsB), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	fdB, err := unix.Open(netnsutil.Path(nsB), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("lab: %w", err)
 	}
@@ -205,7 +206,7 @@ func (l *Lab) veth(nsA, nameA, nsB, nameB string) error {
 		return fmt.Errorf("lab: veth %s/%s – %s/%s: %w", nsA, nameA, nsB, nameB, err)
 	}
 	for _, e := range []struct{ ns, name string }{{nsA, nameA}, {nsB, nameB}} {
-		err := inNS(e.ns, func(h *netlink.Handle) error {
+		err := netnsutil.Do(netnsutil.Path(e.ns), func(h *netlink.Handle) error {
 			link, err := h.LinkByName(e.name)
 			if err != nil {
 				return err
@@ -225,7 +226,7 @@ func (l *Lab) veth(nsA, nameA, nsB, nameB string) error {
 // bridge builds a host's bridge: the uplink as its port, the kernel's own
 // addresses on it, loopback up.
 func (l *Lab) bridge(host *Host) error {
-	err := inNS(host.Namespace, func(h *netlink.Handle) error {
+	err := netnsutil.Do(netnsutil.Path(host.Namespace), func(h *netlink.Handle) error {
 		lo, err := h.LinkByName("lo")
 		if err != nil {
 			return err
@@ -245,7 +246,7 @@ func (l *Lab) bridge(host *Host) error {
 			return err
 		}
 		// Bridge ports carry no addresses of their own.
-		_ = writeSysctl("net/ipv6/conf/"+host.Uplink+"/disable_ipv6", "1")
+		_ = netnsutil.WriteSysctl("net/ipv6/conf/"+host.Uplink+"/disable_ipv6", "1")
 		for _, p := range host.KernelAddrs {
 			addr := &netlink.Addr{IPNet: prefixToIPNet(p), Flags: unix.IFA_F_NODAD}
 			if err := h.AddrAdd(br, addr); err != nil {
@@ -268,7 +269,7 @@ func (l *Lab) openPort(host *Host) error {
 	}
 	port, err := appliance.OpenPort(appliance.PortConfig{
 		Namespace: host.Namespace,
-		Netns:     nsPath(host.Namespace),
+		Netns:     netnsutil.Path(host.Namespace),
 		Name:      appliance.DefaultPortName,
 		Addrs:     host.PortAddrs,
 		MTU:       l.MTU,
@@ -283,19 +284,7 @@ func (l *Lab) openPort(host *Host) error {
 		return fmt.Errorf("lab: %w", err)
 	}
 	host.Port = port
-	err = inNS(host.Namespace, func(h *netlink.Handle) error {
-		_ = writeSysctl("net/ipv6/conf/"+appliance.DefaultPortName+"/disable_ipv6", "1")
-		link, err := h.LinkByName(appliance.DefaultPortName)
-		if err != nil {
-			return err
-		}
-		br, err := h.LinkByName(host.Bridge)
-		if err != nil {
-			return err
-		}
-		return h.LinkSetMaster(link, br)
-	})
-	if err != nil {
+	if err := netnsutil.AttachToBridge(netnsutil.Path(host.Namespace), appliance.DefaultPortName, host.Bridge); err != nil {
 		return fmt.Errorf("lab: attaching the TAP of %s: %w", host.Namespace, err)
 	}
 	// The TAP joined the bridge after the station announced itself on an
@@ -317,7 +306,7 @@ func (l *Lab) Close() error {
 		}
 	}
 	for i := len(l.namespaces) - 1; i >= 0; i-- {
-		if err := deleteNS(l.namespaces[i]); err != nil {
+		if err := netnsutil.Delete(l.namespaces[i]); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -330,7 +319,7 @@ func (l *Lab) Close() error {
 func Neighbor(ns string, ip netip.Addr) (net.HardwareAddr, bool, error) {
 	var mac net.HardwareAddr
 	var found bool
-	err := inNS(ns, func(h *netlink.Handle) error {
+	err := netnsutil.Do(netnsutil.Path(ns), func(h *netlink.Handle) error {
 		family := netlink.FAMILY_V4
 		if ip.Is6() {
 			family = netlink.FAMILY_V6

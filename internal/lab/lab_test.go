@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/taproce/taproce/internal/decode"
+	"github.com/taproce/taproce/internal/netnsutil"
 	"github.com/taproce/taproce/internal/testnet"
 )
 
@@ -22,9 +23,9 @@ func prefix(t *testing.T) string {
 	testnet.RequireRoot(t)
 	p := testnet.Name() + "-"
 	t.Cleanup(func() {
-		left, _ := listNS(p)
+		left, _ := netnsutil.List(p)
 		for _, n := range left {
-			_ = deleteNS(n)
+			_ = netnsutil.Delete(n)
 		}
 		if len(left) > 0 {
 			t.Errorf("namespaces left behind: %v", left)
@@ -93,7 +94,7 @@ func TestLabChecks(t *testing.T) {
 func startSniffer(t *testing.T, ns, ifname string) func() [][]byte {
 	t.Helper()
 	var fd int
-	err := inNS(ns, func(h *netlink.Handle) error {
+	err := netnsutil.Do(netnsutil.Path(ns), func(h *netlink.Handle) error {
 		link, err := h.LinkByName(ifname)
 		if err != nil {
 			return err
@@ -139,7 +140,7 @@ func htons(v uint16) uint16 { return v<<8 | v>>8 }
 // (the switch topology).
 func TestLabRun(t *testing.T) {
 	p := prefix(t)
-	if err := createNS(p + "7"); err != nil {
+	if err := netnsutil.Create(p + "7"); err != nil {
 		t.Fatal(err)
 	}
 	var out strings.Builder
@@ -154,7 +155,7 @@ func TestLabRun(t *testing.T) {
 		t.Fatalf("table:\n%s", out.String())
 	}
 	t.Logf("\n%s", out.String())
-	if left, _ := listNS(p); len(left) != 0 {
+	if left, _ := netnsutil.List(p); len(left) != 0 {
 		t.Fatalf("left behind: %v", left)
 	}
 }

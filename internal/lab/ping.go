@@ -9,6 +9,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/taproce/taproce/internal/netnsutil"
 )
 
 // ping sends ICMP (or ICMPv6) echo requests from the kernel of namespace ns
@@ -17,7 +19,7 @@ import (
 // ping tool would. It returns the round-trip time of the answered request.
 func ping(ns string, dst netip.Addr, timeout time.Duration) (time.Duration, error) {
 	var rtt time.Duration
-	err := inNS(ns, func(*netlink.Handle) error {
+	err := netnsutil.Do(netnsutil.Path(ns), func(*netlink.Handle) error {
 		var err error
 		rtt, err = pingHere(dst, timeout)
 		return err

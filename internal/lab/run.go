@@ -21,6 +21,7 @@ import (
 	"github.com/taproce/taproce/appliance/capture"
 	"github.com/taproce/taproce/appliance/impair"
 	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/internal/netnsutil"
 	"github.com/taproce/taproce/tap"
 )
 
@@ -345,13 +346,13 @@ func cleanStale(prefix string) error {
 		return fmt.Errorf("lab: a lab is running (pid %d); stop it with `taproce lab down`", pid)
 	}
 	_ = os.Remove(PIDFile)
-	names, err := listNS(prefix)
+	names, err := netnsutil.List(prefix)
 	if err != nil {
 		return fmt.Errorf("lab: %w", err)
 	}
 	var errs []error
 	for _, n := range names {
-		errs = append(errs, deleteNS(n))
+		errs = append(errs, netnsutil.Delete(n))
 	}
 	return errors.Join(errs...)
 }

@@ -6,11 +6,10 @@ package testnet
 import (
 	"fmt"
 	"os"
-	"runtime"
 	"sync/atomic"
 	"testing"
 
-	"github.com/vishvananda/netns"
+	"github.com/taproce/taproce/internal/netnsutil"
 )
 
 // RequireRoot skips the test, with the reason, unless it runs as root on a
@@ -37,29 +36,13 @@ func Namespace(t testing.TB) (name, path string) {
 	t.Helper()
 	RequireRoot(t)
 	name = Name()
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
+	if err := netnsutil.Create(name); err != nil {
 		t.Fatal(err)
 	}
-	h, err := netns.NewNamed(name)
-	if err != nil {
-		_ = netns.Set(orig)
-		orig.Close()
-		runtime.UnlockOSThread()
-		t.Fatalf("creating namespace %s: %v", name, err)
-	}
-	h.Close()
-	if err := netns.Set(orig); err != nil {
-		t.Fatalf("returning from namespace %s: %v", name, err)
-	}
-	orig.Close()
-	runtime.UnlockOSThread()
 	t.Cleanup(func() {
-		if err := netns.DeleteNamed(name); err != nil {
-			t.Errorf("removing namespace %s: %v", name, err)
+		if err := netnsutil.Delete(name); err != nil {
+			t.Error(err)
 		}
 	})
-	return name, "/var/run/netns/" + name
+	return name, netnsutil.Path(name)
 }

@@ -1,0 +1,144 @@
+// Package netnsutil runs code inside network namespaces and manages named
+// ones (the /var/run/netns/NAME files of `ip netns`), for the TAP devices,
+// the lab and the tests.
+package netnsutil
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// Dir is where `ip netns` keeps its named namespaces.
+const Dir = "/var/run/netns"
+
+// Path returns the path of the named namespace.
+func Path(name string) string { return filepath.Join(Dir, name) }
+
+// Do runs fn on an OS thread inside the namespace at path (the caller's
+// own when path is empty), with a netlink handle for that namespace. The
+// thread returns to its namespace afterwards; one that cannot stays locked
+// and ends with its goroutine, so no other goroutine runs in the wrong
+// namespace.
+func Do(path string, fn func(h *netlink.Handle) error) error {
+	if path == "" {
+		h, err := netlink.NewHandle()
+		if err != nil {
+			return fmt.Errorf("netlink: %w", err)
+		}
+		defer h.Close()
+		return fn(h)
+	}
+	target, err := netns.GetFromPath(path)
+	if err != nil {
+		return fmt.Errorf("network namespace %s: %w", path, err)
+	}
+	defer target.Close()
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("current network namespace: %w", err)
+	}
+	defer orig.Close()
+	if err := netns.Set(target); err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("entering %s: %w", path, err)
+	}
+	defer func() {
+		if netns.Set(orig) == nil {
+			runtime.UnlockOSThread()
+		}
+	}()
+	h, err := netlink.NewHandleAt(target)
+	if err != nil {
+		return fmt.Errorf("netlink in %s: %w", path, err)
+	}
+	defer h.Close()
+	return fn(h)
+}
+
+// Create creates a named network namespace, as `ip netns add` does,
+// without leaving the calling thread in it.
+func Create(name string) error {
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("current network namespace: %w", err)
+	}
+	defer orig.Close()
+	h, err := netns.NewNamed(name)
+	if err != nil {
+		if netns.Set(orig) == nil {
+			runtime.UnlockOSThread()
+		}
+		return fmt.Errorf("creating network namespace %s: %w", name, err)
+	}
+	h.Close()
+	if err := netns.Set(orig); err != nil {
+		return fmt.Errorf("returning from network namespace %s: %w", name, err)
+	}
+	runtime.UnlockOSThread()
+	return nil
+}
+
+// Delete removes a named namespace; a missing one is not an error.
+func Delete(name string) error {
+	err := netns.DeleteNamed(name)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("deleting network namespace %s: %w", name, err)
+	}
+	return nil
+}
+
+// List returns the named namespaces whose names start with prefix.
+func List(prefix string) ([]string, error) {
+	entries, err := os.ReadDir(Dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), prefix) {
+			names = append(names, e.Name())
+		}
+	}
+	return names, nil
+}
+
+// WriteSysctl writes value to a /proc/sys path. Inside Do, per-namespace
+// settings (net/ipv6/conf/DEV/…) apply to that namespace.
+func WriteSysctl(path, value string) error {
+	return os.WriteFile(filepath.Join("/proc/sys", path), []byte(value), 0o644)
+}
+
+// AttachToBridge makes device dev a port of bridge br, inside the
+// namespace at path, with IPv6 off on it: a bridge port carries no
+// addresses of its own.
+func AttachToBridge(path, dev, br string) error {
+	return Do(path, func(h *netlink.Handle) error {
+		_ = WriteSysctl("net/ipv6/conf/"+dev+"/disable_ipv6", "1")
+		link, err := h.LinkByName(dev)
+		if err != nil {
+			return err
+		}
+		bridge, err := h.LinkByName(br)
+		if err != nil {
+			return err
+		}
+		if err := h.LinkSetMaster(link, bridge); err != nil {
+			return fmt.Errorf("attaching %s to %s: %w", dev, br, err)
+		}
+		return nil
+	})
+}
