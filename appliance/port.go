@@ -37,7 +37,10 @@ type PortConfig struct {
 	Offload bool
 	// Ingress and Egress impair the frames the port receives and sends.
 	Ingress, Egress impair.Spec
-	// Capture, when set, records every frame the port sends and receives.
+	// Capture, when set, records every frame the port sends and receives:
+	// sent frames after egress impairment (what goes on the wire), received
+	// ones as they come off the wire, before ingress impairment — where
+	// tcpdump on the interface would see them.
 	Capture *capture.Writer
 	// Handler receives the RoCEv2 packets addressed to the port, on the
 	// port's reader goroutine; frame is valid only during the call.
@@ -81,6 +84,7 @@ type Port struct {
 	ingressMu       sync.Mutex  // serialises station input from the reader and the flusher
 	rxPkt           roce.Packet // descriptor of the frame being delivered, under ingressMu
 	ctl             []byte      // headroom + one frame, for station and impaired sends
+	ctlBufs         [][]byte    // the one-element batch holding ctl, under egressMu
 
 	rxFrames, rxBytes, txFrames, txBytes, txErrors atomic.Uint64
 
@@ -136,11 +140,12 @@ func withDefaults(cfg PortConfig) PortConfig {
 func NewPort(dev tap.Device, cfg PortConfig) (*Port, error) {
 	cfg = withDefaults(cfg)
 	p := &Port{
-		cfg:  cfg,
-		dev:  dev,
-		log:  cfg.Logger.With("port", cfg.Namespace+"/"+cfg.Name),
-		ctl:  make([]byte, tap.Headroom+cfg.MTU+roce.EthernetLen),
-		done: make(chan struct{}),
+		cfg:     cfg,
+		dev:     dev,
+		log:     cfg.Logger.With("port", cfg.Namespace+"/"+cfg.Name),
+		ctl:     make([]byte, tap.Headroom+cfg.MTU+roce.EthernetLen),
+		ctlBufs: make([][]byte, 1),
+		done:    make(chan struct{}),
 	}
 	if cfg.Ingress.Enabled() {
 		p.ingress = impair.New(cfg.Ingress)
@@ -155,7 +160,7 @@ func NewPort(dev tap.Device, cfg PortConfig) (*Port, error) {
 	p.st = st
 	p.wg.Add(1)
 	go p.readLoop()
-	if p.ingress != nil || p.egress != nil {
+	if holds(cfg.Ingress) || holds(cfg.Egress) {
 		p.wg.Add(1)
 		go p.flushLoop()
 	}
@@ -163,6 +168,10 @@ func NewPort(dev tap.Device, cfg PortConfig) (*Port, error) {
 	p.log.Info("port up", "mac", cfg.MAC, "addrs", cfg.Addrs, "mtu", cfg.MTU)
 	return p, nil
 }
+
+// holds reports whether an impairment holds frames back for later, so
+// that someone must release them when they fall due.
+func holds(s impair.Spec) bool { return s.Delay > 0 || s.Reorder > 0 }
 
 // Station returns the port's station.
 func (p *Port) Station() *station.Station { return p.st }
@@ -204,12 +213,6 @@ func (p *Port) Close() error {
 // the egress impairment and capture, batched into as few writes as the
 // device allows.
 func (p *Port) Send(bufs [][]byte, offset int) error {
-	if p.cfg.Capture != nil {
-		now := time.Now()
-		for _, b := range bufs {
-			_ = p.cfg.Capture.WriteFrame(now, b[offset:])
-		}
-	}
 	if p.egress != nil {
 		p.egressMu.Lock()
 		defer p.egressMu.Unlock()
@@ -218,6 +221,12 @@ func (p *Port) Send(bufs [][]byte, offset int) error {
 			p.egress.Apply(b[offset:], now, p.writeCtlLocked)
 		}
 		return nil
+	}
+	if p.cfg.Capture != nil {
+		now := time.Now()
+		for _, b := range bufs {
+			_ = p.cfg.Capture.WriteFrame(now, b[offset:])
+		}
 	}
 	n, err := p.dev.Write(bufs, offset)
 	p.countTx(bufs[:n], offset)
@@ -239,9 +248,6 @@ func (p *Port) countTx(bufs [][]byte, offset int) {
 
 // sendOne sends one frame without headroom (the station's replies).
 func (p *Port) sendOne(frame []byte) {
-	if p.cfg.Capture != nil {
-		_ = p.cfg.Capture.WriteFrame(time.Now(), frame)
-	}
 	p.egressMu.Lock()
 	defer p.egressMu.Unlock()
 	if p.egress != nil {
@@ -251,16 +257,21 @@ func (p *Port) sendOne(frame []byte) {
 	p.writeCtlLocked(frame)
 }
 
-// writeCtlLocked copies frame behind the headroom of the control buffer
-// and writes it. egressMu is held.
+// writeCtlLocked records frame in the capture, copies it behind the
+// headroom of the control buffer and writes it. It is the egress
+// impairment's emit function, so the capture shows what goes on the
+// wire, as tcpdump on an impaired interface would. egressMu is held.
 func (p *Port) writeCtlLocked(frame []byte) {
+	if p.cfg.Capture != nil {
+		_ = p.cfg.Capture.WriteFrame(time.Now(), frame)
+	}
 	if len(frame) > len(p.ctl)-tap.Headroom {
 		p.txErrors.Add(1)
 		return
 	}
 	n := copy(p.ctl[tap.Headroom:], frame)
-	one := [1][]byte{p.ctl[:tap.Headroom+n]}
-	if _, err := p.dev.Write(one[:], tap.Headroom); err != nil {
+	p.ctlBufs[0] = p.ctl[:tap.Headroom+n]
+	if _, err := p.dev.Write(p.ctlBufs, tap.Headroom); err != nil {
 		p.txErrors.Add(1)
 		if !errors.Is(err, tap.ErrClosed) {
 			p.log.Debug("write failed", "err", err)

@@ -21,39 +21,44 @@ var (
 	peerV4  = netip.MustParseAddr("10.55.0.2")
 )
 
-// wire is the test's end of a fake TAP pair.
+// wire is the test's end of a fake TAP pair: one reader goroutine hands
+// the frames the port sends, announcements left out, to a channel.
 type wire struct {
-	t   *testing.T
-	dev *tap.Fake
+	t      *testing.T
+	dev    *tap.Fake
+	frames chan []byte
+	err    chan error
 }
 
-// next returns the next frame the port sent, skipping its announcements.
-func (w wire) next(timeout time.Duration) []byte {
-	w.t.Helper()
-	got := make(chan []byte, 1)
+func newWire(t *testing.T, dev *tap.Fake) wire {
+	w := wire{t: t, dev: dev, frames: make(chan []byte, 1024), err: make(chan error, 1)}
 	go func() {
-		bufs := [][]byte{make([]byte, 9000)}
-		sizes := []int{0}
+		bufs, sizes := [][]byte{make([]byte, 9000)}, []int{0}
 		for {
-			n, err := w.dev.Read(bufs[:1], sizes, 0)
-			if err != nil || n == 0 {
-				close(got)
+			if _, err := dev.Read(bufs, sizes, 0); err != nil {
+				w.err <- err
 				return
 			}
-			f := append([]byte(nil), bufs[0][:sizes[0]]...)
-			if isAnnouncement(f) {
-				continue
+			if f := append([]byte(nil), bufs[0][:sizes[0]]...); !isAnnouncement(f) {
+				w.frames <- f
 			}
-			got <- f
-			return
 		}
 	}()
+	return w
+}
+
+// next returns the next frame the port sent, or nil after timeout; a
+// failed read fails the test.
+func (w wire) next(timeout time.Duration) []byte {
+	w.t.Helper()
 	select {
-	case f := <-got:
+	case f := <-w.frames:
 		return f
+	case err := <-w.err:
+		w.t.Fatalf("reading the wire: %v", err)
 	case <-time.After(timeout):
-		return nil
 	}
+	return nil
 }
 
 // isAnnouncement reports gratuitous ARPs and unsolicited neighbour adverts.
@@ -82,7 +87,7 @@ func newTestPort(t *testing.T, cfg PortConfig) (*Port, wire) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close(); b.Close() })
-	return p, wire{t, b}
+	return p, newWire(t, b)
 }
 
 func arpRequest(target netip.Addr) []byte {
@@ -207,5 +212,55 @@ func TestPortSendCaptureImpair(t *testing.T) {
 	}
 	if c := q.Stats().Egress; c.Dropped < 10 {
 		t.Fatalf("egress counters %+v", c)
+	}
+}
+
+// sink is a device that takes every frame and counts it, and never
+// delivers any: for measuring the port's own paths.
+type sink struct {
+	frames atomic.Uint64
+	done   chan struct{}
+}
+
+func (s *sink) Read([][]byte, []int, int) (int, error) { <-s.done; return 0, tap.ErrClosed }
+func (s *sink) Write(bufs [][]byte, _ int) (int, error) {
+	s.frames.Add(uint64(len(bufs)))
+	return len(bufs), nil
+}
+func (s *sink) BatchSize() int { return 1 }
+func (s *sink) Name() string   { return "sink" }
+func (s *sink) MTU() int       { return 1500 }
+func (s *sink) Close() error   { close(s.done); return nil }
+
+// TestPortZeroAllocs: delivering frames to the station and handler,
+// answering ARP, and sending allocate nothing.
+func TestPortZeroAllocs(t *testing.T) {
+	dev := &sink{done: make(chan struct{})}
+	var handled atomic.Uint64
+	p, err := NewPort(dev, PortConfig{
+		Namespace: "test", Addrs: []netip.Prefix{netip.MustParsePrefix("10.55.0.1/24")},
+		Handler: func([]byte, *roce.Packet) { handled.Add(1) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	roceFrame := roceTo(t, p.MAC(), 5)
+	arp := arpRequest(portV4)
+	out := [][]byte{append(make([]byte, tap.Headroom), roceTo(t, peerMAC, 1)...)}
+	for _, c := range []struct {
+		name string
+		fn   func()
+	}{
+		{"deliver RoCE", func() { p.ingressMu.Lock(); p.deliverLocked(roceFrame); p.ingressMu.Unlock() }},
+		{"answer ARP", func() { p.ingressMu.Lock(); p.deliverLocked(arp); p.ingressMu.Unlock() }},
+		{"send", func() { _ = p.Send(out, tap.Headroom) }},
+	} {
+		if a := testing.AllocsPerRun(200, c.fn); a != 0 {
+			t.Errorf("%s: %v allocations", c.name, a)
+		}
+	}
+	if handled.Load() == 0 || dev.frames.Load() == 0 {
+		t.Fatalf("nothing happened: handled %d, written %d", handled.Load(), dev.frames.Load())
 	}
 }

@@ -235,10 +235,11 @@ func (t *Tap) Write(bufs [][]byte, offset int) (int, error) {
 	t.wmu.Lock()
 	defer t.wmu.Unlock()
 	frames := t.one[:0]
+	defer func() { t.one = frames[:0] }()
 	written := 0
 	for written < len(bufs) {
 		frames = frames[:0]
-		for _, b := range bufs[written:] {
+		for _, b := range bufs[written:min(len(bufs), written+maxSegments)] {
 			frames = append(frames, b[offset:])
 		}
 		k := CoalesceRun(frames, maxSegments)
@@ -262,7 +263,6 @@ func (t *Tap) Write(bufs [][]byte, offset int) (int, error) {
 		}
 		written += k
 	}
-	t.one = frames
 	return written, nil
 }
 

@@ -28,6 +28,9 @@ func NewFakePair(mtu, depth int) (*Fake, *Fake) {
 
 // Read implements Device: it returns the frames queued so far, at least one.
 func (f *Fake) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
+	if f.isClosed() {
+		return 0, ErrClosed
+	}
 	var frame []byte
 	select {
 	case frame = <-f.in:
@@ -55,6 +58,9 @@ func (f *Fake) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 // Write implements Device: each frame is copied to the peer's queue.
 func (f *Fake) Write(bufs [][]byte, offset int) (int, error) {
 	for i, b := range bufs {
+		if f.isClosed() {
+			return i, ErrClosed
+		}
 		frame := append([]byte(nil), b[offset:]...)
 		select {
 		case <-f.closed:
@@ -65,6 +71,15 @@ func (f *Fake) Write(bufs [][]byte, offset int) (int, error) {
 		}
 	}
 	return len(bufs), nil
+}
+
+func (f *Fake) isClosed() bool {
+	select {
+	case <-f.closed:
+		return true
+	default:
+		return false
+	}
 }
 
 // BatchSize implements Device.

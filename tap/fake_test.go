@@ -35,3 +35,24 @@ func TestFakePair(t *testing.T) {
 		t.Fatalf("Write to closed peer = %d, %v", n, err)
 	}
 }
+
+// TestFakeClosedIsClosed: after Close every Write and Read fails, never
+// racing with a ready peer.
+func TestFakeClosedIsClosed(t *testing.T) {
+	a, b := NewFakePair(1500, 2000)
+	defer b.Close()
+	frame := [][]byte{make([]byte, Headroom+10)}
+	if _, err := a.Write(frame, Headroom); err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	for i := 0; i < 1000; i++ {
+		if n, err := a.Write(frame, Headroom); n != 0 || err != ErrClosed {
+			t.Fatalf("write %d after Close: %d, %v", i, n, err)
+		}
+	}
+	bufs, sizes := [][]byte{make([]byte, 64)}, []int{0}
+	if _, err := a.Read(bufs, sizes, 0); err != ErrClosed {
+		t.Fatalf("Read after Close: %v", err)
+	}
+}

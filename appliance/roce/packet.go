@@ -286,8 +286,8 @@ func (p *Packet) Encode(b []byte) (int, error) {
 		src, dst := p.Src.As16(), p.Dst.As16()
 		binary.BigEndian.PutUint32(h[0:4], 0x6FFFFFFF)
 		binary.BigEndian.PutUint32(h[4:8], uint32(udpLen)<<16|IPProtoUDP<<8|0xFF)
-		copy(h[8:24], src[:])
-		copy(h[24:40], dst[:])
+		*(*[16]byte)(h[8:24]) = src
+		*(*[16]byte)(h[24:40]) = dst
 	} else {
 		h := b[EthernetLen:l4]
 		src, dst := p.Src.As4(), p.Dst.As4()
@@ -298,8 +298,8 @@ func (p *Packet) Encode(b []byte) (int, error) {
 		}
 		binary.BigEndian.PutUint32(h[4:8], uint32(p.ID)<<16|flags)
 		binary.BigEndian.PutUint32(h[8:12], 0xFF<<24|IPProtoUDP<<16|0xFFFF)
-		copy(h[12:16], src[:])
-		copy(h[16:20], dst[:])
+		*(*[4]byte)(h[12:16]) = src
+		*(*[4]byte)(h[16:20]) = dst
 	}
 	binary.BigEndian.PutUint32(b[l4:], uint32(p.SrcPort)<<16|uint32(p.DstPort))
 	binary.BigEndian.PutUint32(b[l4+4:], uint32(udpLen)<<16|0xFFFF)
@@ -337,10 +337,12 @@ func (p *Packet) Encode(b []byte) (int, error) {
 	if f&HasCNPReserved != 0 {
 		clear(ext[info.off[8] : info.off[8]+CNPLen])
 	}
-	clear(b[icrcOff-int(p.BTH.PadCount) : icrcOff])
+	for i := icrcOff - int(p.BTH.PadCount); i < icrcOff; i++ {
+		b[i] = 0
+	}
 	eth := Ethernet(b)
-	eth.SetDst(p.DstMAC)
-	eth.SetSrc(p.SrcMAC)
+	*(*[6]byte)(b[0:6]) = p.DstMAC
+	*(*[6]byte)(b[6:12]) = p.SrcMAC
 
 	p.ICRC = crc32.Update(crcMaskedLRH, crc32.IEEETable, b[EthernetLen:icrcOff])
 	putICRC(b[icrcOff:], p.ICRC)

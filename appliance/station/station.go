@@ -92,6 +92,10 @@ type Stats struct {
 	Learned                       uint64 // neighbour entries learned or refreshed
 }
 
+// maxNeighbors bounds the neighbour cache, as Linux's gc_thresh3 does: a
+// host on the link must not be able to grow it without limit.
+const maxNeighbors = 1024
+
 // ErrUnresolved is returned by Resolve when no neighbour answered.
 var ErrUnresolved = errors.New("station: no answer to address resolution")
 
@@ -152,7 +156,7 @@ func New(cfg Config) (*Station, error) {
 	s := &Station{
 		cfg:   cfg,
 		mac:   cfg.MAC,
-		rx:    make([]byte, 65536),
+		rx:    make([]byte, roce.EthernetLen+roce.IPv6Len+0xFFFF),
 		tx:    make([]byte, 256),
 		neigh: map[netip.Addr]*neighbor{},
 	}
@@ -190,14 +194,28 @@ func (s *Station) MAC() roce.MAC { return s.mac }
 // then the other IPv6 addresses, all of RoCEv2 type.
 func (s *Station) GIDs() []roce.GID { return append([]roce.GID(nil), s.gids...) }
 
-// Owns reports whether a is one of the station's addresses.
+// Owns reports whether a is one of the station's addresses; an
+// IPv4-mapped address (a GID) counts as its IPv4 address.
 func (s *Station) Owns(a netip.Addr) bool {
 	a = a.Unmap()
+	if a.Is4() {
+		return s.ownsV4(a)
+	}
+	return s.ownsV6(a)
+}
+
+func (s *Station) ownsV4(a netip.Addr) bool {
 	for _, p := range s.v4 {
 		if p.Addr() == a {
 			return true
 		}
 	}
+	return false
+}
+
+// ownsV6 matches IPv6 addresses only: on the wire, ::ffff:a.b.c.d is not
+// an address of the interface (RFC 4291, 2.5.5.2).
+func (s *Station) ownsV6(a netip.Addr) bool {
 	for _, p := range s.v6 {
 		if p.Addr() == a {
 			return true
@@ -268,7 +286,7 @@ func (s *Station) inputARP(frame []byte) Verdict {
 		return s.drop(DropMalformed)
 	}
 	sender, target := a.senderIP(), a.targetIP()
-	ours := s.Owns(target)
+	ours := s.ownsV4(target)
 	if ours || s.known(sender) {
 		s.learn(sender, a.senderMAC())
 	}
@@ -296,7 +314,7 @@ func (s *Station) inputIPv4(frame []byte, p *roce.Packet) Verdict {
 		ip.ComputeChecksum() != ip.Checksum() {
 		return s.drop(DropMalformed)
 	}
-	if !s.Owns(ip.Dst()) {
+	if !s.ownsV4(ip.Dst()) {
 		return s.drop(DropNotOurIP)
 	}
 	switch ip.Protocol() {
@@ -356,7 +374,7 @@ func (s *Station) inputIPv6(frame []byte, p *roce.Packet) Verdict {
 		return s.drop(DropMalformed)
 	}
 	dst := ip.Dst()
-	unicast := s.Owns(dst)
+	unicast := s.ownsV6(dst)
 	if !unicast && dst != allNodes && !s.isSolicitedNode(dst) {
 		return s.drop(DropNotOurIP)
 	}
@@ -415,7 +433,7 @@ func (s *Station) inputICMPv6(frame []byte, ip roce.IPv6, msg []byte, unicast bo
 			}
 			return Consumed
 		}
-		if !s.Owns(target) {
+		if !s.ownsV6(target) {
 			return s.drop(DropNotOurIP)
 		}
 		solicited := src.IsValid() && !src.IsUnspecified()
@@ -526,6 +544,7 @@ func (s *Station) learn(a netip.Addr, mac roce.MAC) {
 	defer s.mu.Unlock()
 	n := s.neigh[a]
 	if n == nil {
+		s.makeRoomLocked()
 		n = &neighbor{resolved: make(chan struct{})}
 		s.neigh[a] = n
 	}
@@ -538,13 +557,45 @@ func (s *Station) learn(a netip.Addr, mac roce.MAC) {
 	s.stats.learned.Add(1)
 }
 
+// makeRoomLocked keeps the cache below maxNeighbors before an insertion:
+// it removes expired entries and, if none, the least recently updated
+// one. s.mu is held.
+func (s *Station) makeRoomLocked() {
+	if len(s.neigh) < maxNeighbors {
+		return
+	}
+	now := s.cfg.Now()
+	var oldest netip.Addr
+	var oldestAt time.Time
+	for a, n := range s.neigh {
+		if now.Sub(n.updated) >= s.cfg.NeighborTTL {
+			delete(s.neigh, a)
+			continue
+		}
+		if !oldest.IsValid() || n.updated.Before(oldestAt) {
+			oldest, oldestAt = a, n.updated
+		}
+	}
+	if len(s.neigh) >= maxNeighbors {
+		delete(s.neigh, oldest)
+	}
+}
+
+// NeighborCount returns the number of entries in the neighbour cache.
+func (s *Station) NeighborCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.neigh)
+}
+
 // waiter returns the channel closed when a fresh answer for a arrives.
 func (s *Station) waiter(a netip.Addr) <-chan struct{} {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := s.neigh[a]
 	if n == nil {
-		n = &neighbor{resolved: make(chan struct{})}
+		s.makeRoomLocked()
+		n = &neighbor{resolved: make(chan struct{}), updated: s.cfg.Now()}
 		s.neigh[a] = n
 	}
 	select {

@@ -430,3 +430,59 @@ func FuzzInput(f *testing.F) {
 		r.take()
 	})
 }
+
+// TestNeighborCacheBounded: a flood of ARP requests from spoofed senders
+// cannot grow the cache past its limit.
+func TestNeighborCacheBounded(t *testing.T) {
+	r := newRig(t)
+	go func() {
+		for range r.sig {
+		}
+	}()
+	var p roce.Packet
+	for i := 0; i < 5000; i++ {
+		spoof := netip.AddrFrom4([4]byte{10, 55, byte(i >> 8), byte(i)})
+		r.Input(arpFrame(arpRequest, broadcastMAC, roce.MAC{0x02, 1, 0, 0, byte(i >> 8), byte(i)}, spoof, roce.MAC{}, ourV4), &p)
+		r.take()
+	}
+	if n := r.NeighborCount(); n > maxNeighbors {
+		t.Fatalf("%d neighbour entries, limit %d", n, maxNeighbors)
+	}
+}
+
+// TestMappedAddressNotOurs: ::ffff:10.55.0.1 is not an IPv6 address of
+// the station (RFC 4291, 2.5.5.2): no NA, no echo.
+func TestMappedAddressNotOurs(t *testing.T) {
+	r := newRig(t)
+	var p roce.Packet
+	mapped := netip.AddrFrom16(ourV4.As16())
+	group := solicitedNode(mapped)
+	if v := r.Input(icmp6Frame(peerV6, group, multicastMAC(group), 255, nsMsg(mapped, peerMAC)), &p); v != Dropped {
+		t.Fatalf("NS for %v: verdict %v", mapped, v)
+	}
+	echo := []byte{icmp6EchoRequest, 0, 0, 0, 0, 1, 0, 1}
+	if v := r.Input(icmp6Frame(peerV6, mapped, ourMAC, 64, echo), &p); v != Dropped {
+		t.Fatalf("echo to %v: verdict %v", mapped, v)
+	}
+	if len(r.take()) != 0 {
+		t.Fatal("answered for an IPv4-mapped address")
+	}
+	if !r.Owns(mapped) {
+		t.Fatal("Owns must still accept the IPv4 GID form")
+	}
+}
+
+// TestHugeEcho: an echo request as large as IPv6 allows gets its reply
+// without overrunning the reply buffer.
+func TestHugeEcho(t *testing.T) {
+	r := newRig(t)
+	var p roce.Packet
+	msg := make([]byte, 0xFFFF)
+	msg[0] = icmp6EchoRequest
+	if v := r.Input(icmp6Frame(peerV6, ourV6, ourMAC, 64, msg), &p); v != Consumed {
+		t.Fatalf("verdict %v", v)
+	}
+	if sent := r.take(); len(sent) != 1 || len(sent[0]) != roce.EthernetLen+roce.IPv6Len+0xFFFF {
+		t.Fatalf("reply of %d frames", len(sent))
+	}
+}
