@@ -358,7 +358,20 @@ func (p *Packet) Encode(b []byte) (int, error) {
 		eth.SetEtherType(EtherTypeIPv4)
 		h := IPv4(b[EthernetLen:l4])
 		h[1], h[8] = p.TOS, p.TTL
-		h.SetChecksum(h.ComputeChecksum())
+		// From the field values, not by reading back the header just
+		// written: such loads would wait for the stores to drain.
+		src, dst := p.Src.As4(), p.Dst.As4()
+		var flags uint32
+		if p.DontFragment {
+			flags = ipv4FlagDF
+		}
+		sum := (0x45<<8 | uint32(p.TOS)) + uint32(IPv4Len+udpLen) + uint32(p.ID) + flags +
+			(uint32(p.TTL)<<8 | IPProtoUDP) +
+			(uint32(src[0])<<8 | uint32(src[1])) + (uint32(src[2])<<8 | uint32(src[3])) +
+			(uint32(dst[0])<<8 | uint32(dst[1])) + (uint32(dst[2])<<8 | uint32(dst[3]))
+		sum = sum&0xFFFF + sum>>16
+		sum = sum&0xFFFF + sum>>16
+		h.SetChecksum(^uint16(sum))
 	}
 	return n, nil
 }

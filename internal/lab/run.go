@@ -108,6 +108,9 @@ func Run(ctx context.Context, o Options) ([]Step, error) {
 		}
 		steps = append(steps, ex.run(ctx, src, dst, o.Frames, spec))
 	}
+	if spec.Enabled() {
+		steps = append(steps, impairStep(l, spec))
+	}
 	printSteps(o.Out, steps)
 	failed := false
 	for _, s := range steps {
@@ -310,6 +313,29 @@ func (e *exchange) run(ctx context.Context, src, dst *Host, count int, spec impa
 		s.OK = ok == uint64(count) && got == uint64(count)
 	}
 	return s
+}
+
+// impairStep reports what the ports' fault injection did, summed over
+// every port and direction.
+func impairStep(l *Lab, spec impair.Spec) Step {
+	var sum impair.Counters
+	for _, h := range l.Hosts {
+		st := h.Port.Stats()
+		for _, c := range []impair.Counters{st.Ingress, st.Egress} {
+			sum.Frames += c.Frames
+			sum.Dropped += c.Dropped
+			sum.Duplicated += c.Duplicated
+			sum.Reordered += c.Reordered
+			sum.Corrupted += c.Corrupted
+			sum.Delayed += c.Delayed
+		}
+	}
+	return Step{
+		Name: "impairment (" + spec.String() + ")",
+		OK:   sum.Frames > 0,
+		Detail: fmt.Sprintf("%d frames: %d dropped, %d duplicated, %d reordered, %d corrupted, %d delayed",
+			sum.Frames, sum.Dropped, sum.Duplicated, sum.Reordered, sum.Corrupted, sum.Delayed),
+	}
 }
 
 func printSteps(w io.Writer, steps []Step) {
