@@ -1,0 +1,207 @@
+package transport
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// PD is a protection domain: memory regions and queue pairs of one PD may
+// only be used together (IBA 10.2.3).
+type PD struct{ id uint32 }
+
+// MR is a registered memory region: Buf, seen by applications at virtual
+// address Addr, usable locally with LKey and remotely with RKey.
+type MR struct {
+	PD     *PD
+	Addr   uint64
+	Buf    []byte
+	LKey   uint32
+	RKey   uint32
+	Access Access
+
+	invalid bool // RKey invalidated by SEND with invalidate
+}
+
+// Memory holds the protection domains and memory regions of one engine.
+type Memory struct {
+	mu     sync.RWMutex
+	nextPD uint32
+	nextMR uint32
+	keys   map[uint32]*MR
+}
+
+// Errors of memory registration.
+var (
+	ErrInvalidMR = errors.New("transport: invalid memory region")
+	ErrBusy      = errors.New("transport: resource busy")
+)
+
+// NewPD allocates a protection domain.
+func (m *Memory) NewPD() *PD {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.nextPD++
+	return &PD{id: m.nextPD}
+}
+
+// Register makes buf, seen at virtual address addr, a memory region of pd.
+// Keys are an index in the upper 24 bits and a counter byte, as rxe forms
+// them, so a stale key of a deregistered region is unlikely to match a
+// new one.
+func (m *Memory) Register(pd *PD, addr uint64, buf []byte, access Access) (*MR, error) {
+	if pd == nil {
+		return nil, fmt.Errorf("%w: no protection domain", ErrInvalidMR)
+	}
+	if addr+uint64(len(buf)) < addr {
+		return nil, fmt.Errorf("%w: address range wraps", ErrInvalidMR)
+	}
+	// IBA 10.6.3.1: remote write or atomic access requires local write.
+	if access&(AccessRemoteWrite|AccessRemoteAtomic) != 0 && access&AccessLocalWrite == 0 {
+		return nil, fmt.Errorf("%w: remote write or atomic access without local write", ErrInvalidMR)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.keys == nil {
+		m.keys = map[uint32]*MR{}
+	}
+	for {
+		m.nextMR++
+		key := (m.nextMR&0xFFFFFF)<<8 | m.nextMR>>24&0xFF ^ 0x5A
+		if key == 0 || m.keys[key] != nil {
+			continue
+		}
+		mr := &MR{PD: pd, Addr: addr, Buf: buf, LKey: key, RKey: key, Access: access}
+		m.keys[key] = mr
+		return mr, nil
+	}
+}
+
+// Deregister removes a memory region; its keys stop working at once.
+func (m *Memory) Deregister(mr *MR) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.keys[mr.LKey] != mr {
+		return ErrInvalidMR
+	}
+	delete(m.keys, mr.LKey)
+	return nil
+}
+
+// lookup returns the region with key, or nil.
+func (m *Memory) lookup(key uint32) *MR {
+	m.mu.RLock()
+	mr := m.keys[key]
+	m.mu.RUnlock()
+	return mr
+}
+
+// slice returns the n bytes at va of mr, or false when they are not all
+// inside it.
+func (mr *MR) slice(va uint64, n uint32) ([]byte, bool) {
+	if va < mr.Addr {
+		return nil, false
+	}
+	off := va - mr.Addr
+	if off > uint64(len(mr.Buf)) || uint64(n) > uint64(len(mr.Buf))-off {
+		return nil, false
+	}
+	return mr.Buf[off : off+uint64(n)], true
+}
+
+// remote checks a remote access of n bytes at va with rkey for a QP of pd
+// (IBA 10.6.3.2, 9.7.4.1.6: key valid, PD matches, range inside, access
+// allowed) and returns the bytes. A zero-length access checks nothing.
+func (m *Memory) remote(pd *PD, rkey uint32, va uint64, n uint32, need Access) ([]byte, bool) {
+	if n == 0 {
+		return nil, true
+	}
+	mr := m.lookup(rkey)
+	if mr == nil || mr.PD != pd || mr.RKey != rkey || mr.invalid || mr.Access&need != need {
+		return nil, false
+	}
+	return mr.slice(va, n)
+}
+
+// local checks an SGE for a QP of pd, with local write when the transport
+// writes into it, and returns its bytes.
+func (m *Memory) local(pd *PD, sge SGE, write bool) ([]byte, bool) {
+	if sge.Length == 0 {
+		return nil, true
+	}
+	mr := m.lookup(sge.LKey)
+	if mr == nil || mr.PD != pd || write && mr.Access&AccessLocalWrite == 0 {
+		return nil, false
+	}
+	return mr.slice(sge.Addr, sge.Length)
+}
+
+// invalidate marks the region with rkey as no longer remotely usable, for
+// SEND with invalidate. It reports whether there was such a region of pd.
+func (m *Memory) invalidate(pd *PD, rkey uint32) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	mr := m.keys[rkey]
+	if mr == nil || mr.PD != pd {
+		return false
+	}
+	mr.invalid = true
+	return true
+}
+
+// sgl is a scatter/gather list resolved to byte slices, for copying a
+// message in or out piece by piece.
+type sgl struct {
+	segs  [][]byte
+	total uint32
+}
+
+// resolve resolves SGEs; ok is false for an SGE that fails the checks.
+func (m *Memory) resolve(pd *PD, sges []SGE, write bool, dst *sgl) bool {
+	dst.segs = dst.segs[:0]
+	dst.total = 0
+	for _, s := range sges {
+		b, ok := m.local(pd, s, write)
+		if !ok {
+			return false
+		}
+		if len(b) > 0 {
+			dst.segs = append(dst.segs, b)
+			dst.total += uint32(len(b))
+		}
+	}
+	return true
+}
+
+// copyOut copies len(dst) bytes starting at offset off of the list into dst.
+func (s *sgl) copyOut(dst []byte, off uint32) {
+	for _, seg := range s.segs {
+		if off >= uint32(len(seg)) {
+			off -= uint32(len(seg))
+			continue
+		}
+		n := copy(dst, seg[off:])
+		dst = dst[n:]
+		off = 0
+		if len(dst) == 0 {
+			return
+		}
+	}
+}
+
+// copyIn copies src into the list at offset off. The caller checked that
+// it fits.
+func (s *sgl) copyIn(src []byte, off uint32) {
+	for _, seg := range s.segs {
+		if off >= uint32(len(seg)) {
+			off -= uint32(len(seg))
+			continue
+		}
+		n := copy(seg[off:], src)
+		src = src[n:]
+		off = 0
+		if len(src) == 0 {
+			return
+		}
+	}
+}

@@ -1,0 +1,216 @@
+package transport
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/taproce/taproce/appliance/roce"
+)
+
+// CQ is a completion queue.
+type CQ struct {
+	mu       sync.Mutex
+	ring     []WC
+	head, n  int
+	overflow bool
+	notify   func()
+}
+
+// NewCQ returns a completion queue of depth entries. notify, when not nil,
+// is called (outside any lock of the CQ) after completions are added.
+func NewCQ(depth int, notify func()) *CQ {
+	return &CQ{ring: make([]WC, depth), notify: notify}
+}
+
+// Poll moves up to len(wcs) completions into wcs, oldest first, and
+// returns how many.
+func (cq *CQ) Poll(wcs []WC) int {
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	k := 0
+	for k < len(wcs) && cq.n > 0 {
+		wcs[k] = cq.ring[cq.head]
+		cq.head = (cq.head + 1) % len(cq.ring)
+		cq.n--
+		k++
+	}
+	return k
+}
+
+// Overflowed reports whether a completion was lost to a full queue (an
+// asynchronous CQ error in libibverbs terms).
+func (cq *CQ) Overflowed() bool {
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	return cq.overflow
+}
+
+func (cq *CQ) push(wc *WC) {
+	cq.mu.Lock()
+	if cq.n == len(cq.ring) {
+		cq.overflow = true
+	} else {
+		cq.ring[(cq.head+cq.n)%len(cq.ring)] = *wc
+		cq.n++
+	}
+	cq.mu.Unlock()
+}
+
+// AttrMask selects the attributes of a Modify (enum ibv_qp_attr_mask).
+type AttrMask uint32
+
+// Attribute mask bits.
+const (
+	AttrState           AttrMask = 1 << 0
+	AttrCurState        AttrMask = 1 << 1
+	AttrAccessFlags     AttrMask = 1 << 3
+	AttrPKeyIndex       AttrMask = 1 << 4
+	AttrPort            AttrMask = 1 << 5
+	AttrQKey            AttrMask = 1 << 6
+	AttrAV              AttrMask = 1 << 7
+	AttrPathMTU         AttrMask = 1 << 8
+	AttrTimeout         AttrMask = 1 << 9
+	AttrRetryCnt        AttrMask = 1 << 10
+	AttrRNRRetry        AttrMask = 1 << 11
+	AttrRQPSN           AttrMask = 1 << 12
+	AttrMaxQPRdAtomic   AttrMask = 1 << 13
+	AttrAltPath         AttrMask = 1 << 14
+	AttrMinRNRTimer     AttrMask = 1 << 15
+	AttrSQPSN           AttrMask = 1 << 16
+	AttrMaxDestRdAtomic AttrMask = 1 << 17
+	AttrPathMigState    AttrMask = 1 << 18
+	AttrDestQPN         AttrMask = 1 << 20
+)
+
+// AddressVector says where a connected QP's packets go (struct
+// ibv_ah_attr with its GRH, which RoCE always has).
+type AddressVector struct {
+	DstIP     netip.Addr // destination GID as an address
+	DstMAC    roce.MAC
+	SGIDIndex uint8
+	FlowLabel uint32
+	HopLimit  uint8
+	TClass    uint8
+}
+
+// QPAttr holds queue pair attributes (struct ibv_qp_attr).
+type QPAttr struct {
+	State           QPState
+	CurState        QPState
+	Access          Access
+	PKeyIndex       uint16
+	Port            uint8
+	QKey            uint32
+	AV              AddressVector
+	PathMTU         roce.MTU
+	DestQPN         uint32
+	RQPSN           roce.PSN
+	SQPSN           roce.PSN
+	Timeout         uint8 // local ACK timeout: 4.096 µs × 2^Timeout, 0 = infinite
+	RetryCnt        uint8 // 7 = retry forever, as rxe does
+	RNRRetry        uint8 // 7 = retry forever
+	MinRNRTimer     uint8 // RNR timer code the responder sends (IBA table 45)
+	MaxRdAtomic     uint8
+	MaxDestRdAtomic uint8
+}
+
+// ErrInvalid is returned for requests libibverbs rejects with EINVAL: a
+// transition with missing or forbidden attributes, a post on a queue pair
+// in the wrong state, a full queue.
+var ErrInvalid = errors.New("transport: invalid argument")
+
+type transition struct{ from, to QPState }
+
+type maskRule struct{ required, optional [3]AttrMask } // indexed by RC, UC, UD
+
+func typeIndex(t QPType) int { return map[QPType]int{RC: 0, UC: 1, UD: 2}[t] }
+
+// modifyRules is the IBA transition table (IBA 11.2.4.2; the kernel's
+// qp_state_table) for the transitions taproce supports.
+var modifyRules = map[transition]maskRule{
+	{StateReset, StateInit}: {
+		required: [3]AttrMask{AttrPKeyIndex | AttrPort | AttrAccessFlags, AttrPKeyIndex | AttrPort | AttrAccessFlags, AttrPKeyIndex | AttrPort | AttrQKey},
+	},
+	{StateInit, StateInit}: {
+		optional: [3]AttrMask{AttrPKeyIndex | AttrPort | AttrAccessFlags, AttrPKeyIndex | AttrPort | AttrAccessFlags, AttrPKeyIndex | AttrPort | AttrQKey},
+	},
+	{StateInit, StateRTR}: {
+		required: [3]AttrMask{
+			AttrAV | AttrPathMTU | AttrDestQPN | AttrRQPSN | AttrMaxDestRdAtomic | AttrMinRNRTimer,
+			AttrAV | AttrPathMTU | AttrDestQPN | AttrRQPSN,
+			0,
+		},
+		optional: [3]AttrMask{AttrAltPath | AttrAccessFlags | AttrPKeyIndex, AttrAltPath | AttrAccessFlags | AttrPKeyIndex, AttrPKeyIndex | AttrQKey},
+	},
+	{StateRTR, StateRTS}: {
+		required: [3]AttrMask{AttrSQPSN | AttrTimeout | AttrRetryCnt | AttrRNRRetry | AttrMaxQPRdAtomic, AttrSQPSN, AttrSQPSN},
+		optional: [3]AttrMask{
+			AttrCurState | AttrAltPath | AttrAccessFlags | AttrMinRNRTimer | AttrPathMigState,
+			AttrCurState | AttrAltPath | AttrAccessFlags | AttrPathMigState,
+			AttrCurState | AttrQKey,
+		},
+	},
+	{StateRTS, StateRTS}: {
+		optional: [3]AttrMask{
+			AttrCurState | AttrAccessFlags | AttrAltPath | AttrPathMigState | AttrMinRNRTimer,
+			AttrCurState | AttrAccessFlags | AttrAltPath | AttrPathMigState,
+			AttrCurState | AttrQKey,
+		},
+	},
+}
+
+// checkModify applies the transition rules: the attribute mask must hold
+// every required attribute and nothing but required and optional ones.
+// Any state may go to RESET or ERR with the state alone.
+func checkModify(t QPType, cur QPState, attr *QPAttr, mask AttrMask) (QPState, error) {
+	to := cur
+	if mask&AttrState != 0 {
+		to = attr.State
+	}
+	if mask&AttrCurState != 0 && attr.CurState != cur {
+		return cur, fmt.Errorf("%w: current state is %v, not %v", ErrInvalid, cur, attr.CurState)
+	}
+	if to == StateReset || to == StateErr {
+		if mask&^(AttrState|AttrCurState) != 0 {
+			return cur, fmt.Errorf("%w: %v→%v takes the state alone", ErrInvalid, cur, to)
+		}
+		return to, nil
+	}
+	rule, ok := modifyRules[transition{cur, to}]
+	if !ok {
+		return cur, fmt.Errorf("%w: no transition %v→%v", ErrInvalid, cur, to)
+	}
+	i := typeIndex(t)
+	rest := mask &^ AttrState
+	if missing := rule.required[i] &^ rest; missing != 0 {
+		return cur, fmt.Errorf("%w: %v→%v of a %v QP lacks attributes %#x", ErrInvalid, cur, to, t, uint32(missing))
+	}
+	if extra := rest &^ (rule.required[i] | rule.optional[i]); extra != 0 {
+		return cur, fmt.Errorf("%w: %v→%v of a %v QP does not take attributes %#x", ErrInvalid, cur, to, t, uint32(extra))
+	}
+	return to, nil
+}
+
+// timeoutDuration converts an IBA timeout exponent: 4.096 µs × 2^t; 0 is
+// infinite (IBA 9.7.6.1.3).
+func timeoutDuration(t uint8) time.Duration {
+	if t == 0 {
+		return 0
+	}
+	if t > 31 {
+		t = 31
+	}
+	return time.Duration(4096<<t) * time.Nanosecond
+}
+
+// rnrDelays is IBA table 45: the RNR NAK timer field in microseconds.
+var rnrDelays = [32]time.Duration{
+	655360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920,
+	2560, 3840, 5120, 7680, 10240, 15360, 20480, 30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520,
+}
+
+// RNRDelay returns the delay an RNR NAK with timer code c asks for.
+func RNRDelay(c uint8) time.Duration { return rnrDelays[c&31] * time.Microsecond }

@@ -1,0 +1,476 @@
+package transport
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/taproce/taproce/appliance/roce"
+)
+
+type wqeState uint8
+
+const (
+	wqePosted wqeState = iota // posted, not all packets sent
+	wqeSent                   // every packet sent, waiting for the acknowledgement
+	wqeDone                   // completed
+)
+
+// maxSGE is the most scatter/gather elements of one work request.
+const maxSGE = 8
+
+type sendWQE struct {
+	wr       SendWR
+	sge      [maxSGE]SGE
+	inline   []byte
+	length   uint32
+	firstPSN roce.PSN
+	lastPSN  roce.PSN
+	assigned bool // PSNs assigned
+	counted  bool // counted against max_rd_atomic
+	state    wqeState
+	resp     uint32 // READ: response bytes received
+	fail     Status // a local error found while sending, reported in order
+}
+
+type recvWQE struct {
+	id  uint64
+	sge [maxSGE]SGE
+	n   int
+}
+
+func (w *recvWQE) sges() []SGE { return w.sge[:w.n] }
+
+// respEntry remembers an executed RDMA READ or atomic for duplicates.
+type respEntry struct {
+	first, last roce.PSN
+	atomic      bool
+	orig        uint64
+	valid       bool
+}
+
+// QP is a queue pair. Its methods take the engine's lock.
+type QP struct {
+	e     *Engine
+	num   uint32
+	cfg   QPConfig
+	state QPState
+	attr  QPAttr
+
+	src   netip.Addr
+	sport uint16
+	pmtu  int
+	tmpl  roce.Packet
+
+	// Send queue: absolute counters; slot = counter % len(sq).
+	sq                   []sendWQE
+	sqHead, sqNext, sqTl uint64
+	reqOff               uint32   // bytes of sq[sqNext] already sent
+	psn                  roce.PSN // next PSN to send
+	sentTo               roce.PSN // one past the highest PSN ever sent
+	acked                roce.PSN // highest PSN acknowledged
+	rdAtomicOut          int
+	noAckPkts            int
+	retryLeft, rnrLeft   uint8
+	retryAt, rnrAt       time.Time
+
+	// Receive queue.
+	rq           []recvWQE
+	rqHead, rqTl uint64
+
+	// Responder.
+	ePSN    roce.PSN
+	msn     uint32
+	nakSent bool
+	inMsg   bool // in the middle of a multi-packet SEND or WRITE
+	msgSend bool // the message in progress is a SEND (else a WRITE)
+	msgOff  uint32
+	msgLen  uint32
+	msgBuf  []byte // WRITE target
+	cache   []respEntry
+	cacheN  int
+
+	scratch sgl
+}
+
+// Num returns the queue pair number.
+func (qp *QP) Num() uint32 { return qp.num }
+
+// State returns the current state.
+func (qp *QP) State() QPState {
+	qp.e.mu.Lock()
+	defer qp.e.mu.Unlock()
+	return qp.state
+}
+
+// Attr returns the current attributes.
+func (qp *QP) Attr() QPAttr {
+	qp.e.mu.Lock()
+	defer qp.e.mu.Unlock()
+	a := qp.attr
+	a.State = qp.state
+	return a
+}
+
+// Modify changes attributes and state by the IBA rules (see checkModify).
+func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
+	e := qp.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	defer e.flush()
+	to, err := checkModify(qp.cfg.Type, qp.state, attr, mask)
+	if err != nil {
+		return err
+	}
+	if mask&AttrPathMTU != 0 && !attr.PathMTU.Valid() {
+		return fmt.Errorf("%w: path MTU %d", ErrInvalid, attr.PathMTU)
+	}
+	if mask&AttrAV != 0 {
+		src, err := e.sourceAddr(attr.AV.SGIDIndex)
+		if err != nil {
+			return err
+		}
+		if !attr.AV.DstIP.IsValid() || src.Is4() != attr.AV.DstIP.Unmap().Is4() {
+			return fmt.Errorf("%w: address vector %v from GID %v", ErrInvalid, attr.AV.DstIP, src)
+		}
+	}
+	a := &qp.attr
+	if mask&AttrAccessFlags != 0 {
+		a.Access = attr.Access
+	}
+	if mask&AttrPKeyIndex != 0 {
+		a.PKeyIndex = attr.PKeyIndex
+	}
+	if mask&AttrPort != 0 {
+		a.Port = attr.Port
+	}
+	if mask&AttrQKey != 0 {
+		a.QKey = attr.QKey
+	}
+	if mask&AttrAV != 0 {
+		a.AV = attr.AV
+	}
+	if mask&AttrPathMTU != 0 {
+		a.PathMTU = attr.PathMTU
+	}
+	if mask&AttrDestQPN != 0 {
+		a.DestQPN = attr.DestQPN & roce.QPNMask
+	}
+	if mask&AttrRQPSN != 0 {
+		a.RQPSN = attr.RQPSN & roce.PSNMask
+		qp.ePSN = a.RQPSN
+	}
+	if mask&AttrMaxDestRdAtomic != 0 {
+		a.MaxDestRdAtomic = attr.MaxDestRdAtomic
+	}
+	if mask&AttrMinRNRTimer != 0 {
+		a.MinRNRTimer = attr.MinRNRTimer & 31
+	}
+	if mask&AttrSQPSN != 0 {
+		a.SQPSN = attr.SQPSN & roce.PSNMask
+		qp.psn, qp.sentTo = a.SQPSN, a.SQPSN
+		qp.acked = a.SQPSN.Add(-1)
+	}
+	if mask&AttrTimeout != 0 {
+		a.Timeout = attr.Timeout
+	}
+	if mask&AttrRetryCnt != 0 {
+		a.RetryCnt = attr.RetryCnt & 7
+		qp.retryLeft = a.RetryCnt
+	}
+	if mask&AttrRNRRetry != 0 {
+		a.RNRRetry = attr.RNRRetry & 7
+		qp.rnrLeft = a.RNRRetry
+	}
+	if mask&AttrMaxQPRdAtomic != 0 {
+		a.MaxRdAtomic = attr.MaxRdAtomic
+	}
+	switch to {
+	case StateReset:
+		qp.reset()
+	case StateRTR:
+		qp.prepare()
+	case StateErr:
+		if qp.state != StateErr {
+			qp.toError(WCWRFlushErr, false)
+		}
+	}
+	qp.state = to
+	if to == StateRTS {
+		qp.drive()
+	}
+	return nil
+}
+
+// reset empties the queues and forgets the connection.
+func (qp *QP) reset() {
+	qp.sqHead, qp.sqNext, qp.sqTl, qp.rqHead, qp.rqTl = 0, 0, 0, 0, 0
+	qp.attr = QPAttr{}
+	qp.inMsg, qp.nakSent, qp.msn, qp.reqOff, qp.rdAtomicOut = false, false, 0, 0, 0
+	qp.retryAt, qp.rnrAt = time.Time{}, time.Time{}
+	for i := range qp.cache {
+		qp.cache[i] = respEntry{}
+	}
+}
+
+// prepare builds the packet template of a connected QP at INIT→RTR.
+func (qp *QP) prepare() {
+	e := qp.e
+	a := &qp.attr
+	qp.pmtu = min(a.PathMTU.Bytes(), roce.MTUForNetdev(e.cfg.MTU).Bytes())
+	if qp.cfg.Type == UD {
+		qp.pmtu = roce.MTUForNetdev(e.cfg.MTU).Bytes()
+		qp.sport = roce.DatagramSourcePort(qp.num)
+		src, _ := e.sourceAddr(0)
+		qp.src = src
+		return
+	}
+	qp.src, _ = e.sourceAddr(a.AV.SGIDIndex)
+	qp.sport = roce.ConnectedSourcePort(a.AV.FlowLabel, qp.num, a.DestQPN)
+	qp.tmpl = qp.template(a.AV.DstIP, a.AV.DstMAC, a.DestQPN)
+}
+
+// template returns a packet with the addressing of a destination.
+func (qp *QP) template(dst netip.Addr, mac roce.MAC, dqpn uint32) roce.Packet {
+	hop := qp.attr.AV.HopLimit
+	if hop == 0 {
+		hop = 64
+	}
+	p := roce.Packet{
+		DstMAC: mac, SrcMAC: qp.e.cfg.MAC,
+		Src: qp.src.Unmap(), Dst: dst.Unmap(),
+		TOS: qp.attr.AV.TClass, TTL: hop, DontFragment: true,
+		SrcPort: qp.sport, DstPort: roce.UDPPort,
+		BTH: roce.BTHFields{PKey: roce.DefaultPKey, DestQP: dqpn},
+	}
+	if !p.Src.Is4() {
+		p.IPv6 = true
+		p.DontFragment = false
+		p.FlowLabel = qp.attr.AV.FlowLabel
+	}
+	return p
+}
+
+func (qp *QP) acceptsTransport(op roce.Opcode) bool {
+	switch qp.cfg.Type {
+	case RC:
+		return op.Transport() == roce.TransportRC
+	case UC:
+		return op.Transport() == roce.TransportUC
+	case UD:
+		return op.Transport() == roce.TransportUD
+	}
+	return false
+}
+
+// PostSend queues send work requests and starts sending (ibv_post_send).
+// It returns how many were queued; the error says why the next was not.
+func (qp *QP) PostSend(wrs []SendWR) (int, error) {
+	e := qp.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	defer e.flush()
+	if qp.state < StateRTS && qp.state != StateErr || qp.state == StateSQE {
+		return 0, fmt.Errorf("%w: post send in %v", ErrState, qp.state)
+	}
+	for i := range wrs {
+		wr := &wrs[i]
+		if qp.sqTl-qp.sqHead == uint64(len(qp.sq)) {
+			return i, ErrQueueFull
+		}
+		if err := qp.checkSendWR(wr); err != nil {
+			return i, err
+		}
+		w := &qp.sq[qp.sqTl%uint64(len(qp.sq))]
+		*w = sendWQE{wr: *wr, inline: w.inline[:0]}
+		n := copy(w.sge[:], wr.SGL)
+		w.wr.SGL = w.sge[:n]
+		if wr.Flags&SendInline != 0 {
+			w.inline = append(w.inline, wr.Inline...)
+			w.length = uint32(len(w.inline))
+		} else {
+			for _, s := range wr.SGL {
+				w.length += s.Length
+			}
+		}
+		if qp.cfg.SigAll {
+			w.wr.Flags |= SendSignaled
+		}
+		qp.sqTl++
+	}
+	if qp.state == StateErr {
+		qp.flushSQ()
+	} else {
+		qp.drive()
+	}
+	return len(wrs), nil
+}
+
+func (qp *QP) checkSendWR(wr *SendWR) error {
+	if len(wr.SGL) > maxSGE {
+		return fmt.Errorf("%w: %d SGEs, at most %d", ErrInvalid, len(wr.SGL), maxSGE)
+	}
+	if wr.Flags&SendInline != 0 && len(wr.Inline) > max(qp.cfg.MaxInline, 0) {
+		return fmt.Errorf("%w: %d inline bytes, at most %d", ErrInvalid, len(wr.Inline), qp.cfg.MaxInline)
+	}
+	switch qp.cfg.Type {
+	case UD:
+		if !wr.Opcode.isSend() || wr.Opcode == OpSendInv || wr.AH == nil {
+			return fmt.Errorf("%w: UD takes SEND with an address handle", ErrInvalid)
+		}
+	case UC:
+		if !wr.Opcode.isSend() && !wr.Opcode.isWrite() {
+			return fmt.Errorf("%w: UC takes SEND and RDMA WRITE", ErrInvalid)
+		}
+	case RC:
+		if _, ok := opNames[wr.Opcode]; !ok {
+			return fmt.Errorf("%w: opcode %v", ErrInvalid, wr.Opcode)
+		}
+		if wr.Opcode.isAtomic() {
+			var n uint32
+			for _, s := range wr.SGL {
+				n += s.Length
+			}
+			if len(wr.SGL) != 1 || n != 8 {
+				return fmt.Errorf("%w: an atomic takes one 8-byte SGE", ErrInvalid)
+			}
+		}
+	}
+	return nil
+}
+
+// PostRecv queues receive work requests (ibv_post_recv).
+func (qp *QP) PostRecv(wrs []RecvWR) (int, error) {
+	e := qp.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if qp.state == StateReset {
+		return 0, fmt.Errorf("%w: post receive in RESET", ErrState)
+	}
+	for i := range wrs {
+		if qp.rqTl-qp.rqHead == uint64(len(qp.rq)) || qp.cfg.MaxRecvWR == 0 {
+			return i, ErrQueueFull
+		}
+		if len(wrs[i].SGL) > maxSGE {
+			return i, fmt.Errorf("%w: %d SGEs, at most %d", ErrInvalid, len(wrs[i].SGL), maxSGE)
+		}
+		w := &qp.rq[qp.rqTl%uint64(len(qp.rq))]
+		w.id = wrs[i].ID
+		w.n = copy(w.sge[:], wrs[i].SGL)
+		qp.rqTl++
+	}
+	if qp.state == StateErr {
+		qp.flushRQ()
+	}
+	return len(wrs), nil
+}
+
+// completeSend posts the completion of a send WQE when it is signaled or
+// failed, and frees it. Only the oldest WQE completes.
+func (qp *QP) completeSend(w *sendWQE, status Status) {
+	if w.counted {
+		qp.rdAtomicOut--
+		w.counted = false
+	}
+	w.state = wqeDone
+	if status != WCSuccess || w.wr.Flags&SendSignaled != 0 {
+		wc := WC{ID: w.wr.ID, Status: status, Opcode: wcOpcodeOf(w.wr.Opcode), QPNum: qp.num}
+		if status == WCSuccess && (w.wr.Opcode == OpRead || w.wr.Opcode.isAtomic()) {
+			wc.ByteLen = w.length
+		}
+		qp.cfg.SendCQ.push(&wc)
+		qp.notify(qp.cfg.SendCQ)
+	}
+	qp.sqHead++
+	if qp.sqNext < qp.sqHead {
+		qp.sqNext = qp.sqHead
+		qp.reqOff = 0
+	}
+}
+
+func (qp *QP) notify(cq *CQ) {
+	if cq.notify != nil {
+		cq.notify()
+	}
+}
+
+// toError moves the QP to the error state: the oldest outstanding send
+// WQE completes with status (when withHead), everything else is flushed.
+func (qp *QP) toError(status Status, withHead bool) {
+	if withHead && qp.sqHead < qp.sqTl {
+		qp.completeSend(&qp.sq[qp.sqHead%uint64(len(qp.sq))], status)
+	}
+	qp.state = StateErr
+	qp.retryAt, qp.rnrAt = time.Time{}, time.Time{}
+	qp.flushSQ()
+	qp.flushRQ()
+}
+
+func (qp *QP) flushSQ() {
+	for qp.sqHead < qp.sqTl {
+		w := &qp.sq[qp.sqHead%uint64(len(qp.sq))]
+		w.wr.Flags |= SendSignaled // flushed work always completes
+		qp.completeSend(w, WCWRFlushErr)
+	}
+	qp.sqNext, qp.reqOff = qp.sqHead, 0
+}
+
+func (qp *QP) flushRQ() {
+	for qp.rqHead < qp.rqTl {
+		w := &qp.rq[qp.rqHead%uint64(len(qp.rq))]
+		wc := WC{ID: w.id, Status: WCWRFlushErr, Opcode: WCRecv, QPNum: qp.num}
+		qp.cfg.RecvCQ.push(&wc)
+		qp.rqHead++
+	}
+	qp.notify(qp.cfg.RecvCQ)
+}
+
+// tick runs the QP's timers.
+func (qp *QP) tick(now time.Time) {
+	if !qp.rnrAt.IsZero() && !now.Before(qp.rnrAt) {
+		qp.rnrAt = time.Time{}
+		qp.drive()
+	}
+	if !qp.retryAt.IsZero() && !now.Before(qp.retryAt) {
+		qp.retryAt = time.Time{}
+		qp.e.stats.timeouts.Add(1)
+		if qp.sqHead == qp.sqNext && qp.reqOff == 0 {
+			return // nothing outstanding
+		}
+		if qp.acked.Next() == qp.sentTo && qp.sqNext == qp.sqTl {
+			// Everything sent is acknowledged; what is left waits only
+			// for its turn to complete.
+			qp.ackUpTo(qp.acked)
+			qp.armRetry()
+			return
+		}
+		if qp.retryLeft == 0 {
+			qp.toError(WCRetryExcErr, true)
+			return
+		}
+		if qp.attr.RetryCnt != 7 {
+			qp.retryLeft--
+		}
+		qp.rewind(qp.acked.Next())
+		qp.drive()
+	}
+}
+
+// armRetry starts the local ACK timer when packets are outstanding.
+func (qp *QP) armRetry() {
+	d := timeoutDuration(qp.attr.Timeout)
+	if d == 0 || qp.cfg.Type != RC {
+		return
+	}
+	if qp.sqHead == qp.sqNext && qp.reqOff == 0 {
+		qp.retryAt = time.Time{}
+		return
+	}
+	qp.retryAt = qp.e.cfg.Now().Add(d)
+}
+
+// putUint64 stores v in host (little-endian) order, as an atomic's
+// original value lands in memory.
+func putUint64(b []byte, v uint64) { binary.LittleEndian.PutUint64(b, v) }
+func getUint64(b []byte) uint64    { return binary.LittleEndian.Uint64(b) }

@@ -1,0 +1,341 @@
+package transport
+
+import (
+	"github.com/taproce/taproce/appliance/roce"
+)
+
+// respond handles a request packet on the responder side (IBA 9.7.4;
+// rxe's responder): PSN check, execution, acknowledgement.
+func (qp *QP) respond(frame []byte, p *roce.Packet) {
+	if qp.state != StateRTR && qp.state != StateRTS && qp.state != StateSQE {
+		qp.e.stats.dropped.Add(1)
+		return
+	}
+	if qp.cfg.Type == UD {
+		qp.receiveUD(frame, p)
+		return
+	}
+	d := p.BTH.PSN.Diff(qp.ePSN)
+	switch {
+	case d < 0:
+		qp.e.stats.dups.Add(1)
+		if qp.cfg.Type == RC {
+			qp.duplicate(frame, p)
+		}
+		return
+	case d > 0:
+		if qp.cfg.Type == UC {
+			// UC: a lost packet ends the message; start over at this one.
+			qp.inMsg = false
+			qp.ePSN = p.BTH.PSN
+			break
+		}
+		if !qp.nakSent {
+			qp.nakSent = true
+			qp.sendAck(qp.ePSN, roce.SyndromeNAK|roce.NAKPSNSequenceError)
+			qp.e.stats.naksSent.Add(1)
+		}
+		return
+	}
+	qp.nakSent = false
+	info := p.Info()
+	switch {
+	case info.Has(roce.OpSend), info.Has(roce.OpWrite):
+		qp.sendOrWrite(frame, p)
+	case info.Has(roce.OpRead):
+		qp.read(p, p.BTH.PSN, true)
+	case info.Has(roce.OpAtomic):
+		qp.atomic(p)
+	default:
+		qp.nak(roce.NAKInvalidRequest)
+	}
+}
+
+// nak sends a NAK for the expected PSN and, for the errors that end a
+// connection (invalid request, remote access or operational error),
+// moves the QP to the error state (IBA 9.9.3.1.3).
+func (qp *QP) nak(code uint8) {
+	qp.e.stats.naksSent.Add(1)
+	if qp.cfg.Type == RC {
+		qp.sendAck(qp.ePSN, roce.SyndromeNAK|roce.Syndrome(code))
+	}
+	qp.inMsg = false
+	qp.toError(WCWRFlushErr, false)
+}
+
+// sendAck sends an ACKNOWLEDGE with the given PSN and syndrome.
+func (qp *QP) sendAck(psn roce.PSN, syn roce.Syndrome) {
+	p := &qp.tmpl
+	p.BTH.Opcode, p.BTH.PSN, p.BTH.AckReq, p.BTH.SolicitedEvent = roce.RCAcknowledge, psn, false, false
+	p.AETH = roce.AETHFields{Syndrome: syn, MSN: qp.msn & 0xFFFFFF}
+	qp.buildAndSend(p, nil, nil, 0, 0)
+}
+
+// ack acknowledges everything up to psn when the requester asked for it.
+func (qp *QP) ack(p *roce.Packet) {
+	if p.BTH.AckReq {
+		qp.sendAck(p.BTH.PSN, roce.SyndromeACK|roce.CreditInvalid)
+	}
+}
+
+// recvHead returns the oldest receive WQE, or nil when the queue is empty.
+func (qp *QP) recvHead() *recvWQE {
+	if qp.rqHead == qp.rqTl {
+		return nil
+	}
+	return &qp.rq[qp.rqHead%uint64(len(qp.rq))]
+}
+
+// rnr answers a request that needs a receive WQE when there is none: an
+// RNR NAK with the QP's min_rnr_timer; the PSN is not consumed.
+func (qp *QP) rnr() {
+	qp.e.stats.rnrSent.Add(1)
+	qp.sendAck(qp.ePSN, roce.SyndromeRNRNAK|roce.Syndrome(qp.attr.MinRNRTimer&31))
+}
+
+// sendOrWrite executes a SEND or RDMA WRITE packet.
+func (qp *QP) sendOrWrite(frame []byte, p *roce.Packet) {
+	info := p.Info()
+	first := info.Has(roce.First) || info.Has(roce.Only)
+	last := info.Has(roce.Last) || info.Has(roce.Only)
+	isSend := info.Has(roce.OpSend)
+	if err := roce.CheckPayloadLen(p.BTH.Opcode, p.PayloadLen, qp.pmtu); err != nil {
+		qp.nak(roce.NAKInvalidRequest)
+		return
+	}
+	if first == qp.inMsg || !first && qp.msgSend != isSend {
+		qp.nak(roce.NAKInvalidRequest) // out of sequence (IBA 9.7.4.1.5)
+		return
+	}
+	needRecv := isSend || info.Has(roce.HasImmDt)
+	if needRecv && qp.recvHead() == nil && (isSend && first || !isSend && last) {
+		qp.rnr()
+		return
+	}
+	payload := p.Payload(frame)
+	if first {
+		qp.msgSend, qp.msgOff = isSend, 0
+		if !isSend {
+			if qp.attr.Access&AccessRemoteWrite == 0 {
+				qp.nak(roce.NAKRemoteAccessError)
+				return
+			}
+			buf, ok := qp.e.mem.remote(qp.cfg.PD, p.RETH.RKey, p.RETH.VA, p.RETH.DMALen, AccessRemoteWrite)
+			if !ok {
+				qp.nak(roce.NAKRemoteAccessError)
+				return
+			}
+			qp.msgBuf, qp.msgLen = buf, p.RETH.DMALen
+		}
+	}
+	if isSend {
+		w := qp.recvHead()
+		if !qp.e.mem.resolve(qp.cfg.PD, w.sges(), true, &qp.scratch) {
+			qp.recvError(w, WCLocProtErr)
+			qp.nak(roce.NAKRemoteOperationError)
+			return
+		}
+		if qp.msgOff+uint32(len(payload)) > qp.scratch.total {
+			qp.recvError(w, WCLocLenErr)
+			qp.nak(roce.NAKInvalidRequest)
+			return
+		}
+		qp.scratch.copyIn(payload, qp.msgOff)
+	} else {
+		if qp.msgOff+uint32(len(payload)) > qp.msgLen || last && qp.msgOff+uint32(len(payload)) != qp.msgLen {
+			qp.nak(roce.NAKInvalidRequest)
+			return
+		}
+		copy(qp.msgBuf[qp.msgOff:], payload)
+	}
+	qp.msgOff += uint32(len(payload))
+	qp.inMsg = !last
+	qp.ePSN = qp.ePSN.Next()
+	if last {
+		qp.msn++
+		if needRecv {
+			w := qp.recvHead()
+			wc := WC{ID: w.id, Status: WCSuccess, Opcode: WCRecv, ByteLen: qp.msgOff, QPNum: qp.num, SrcQP: qp.attr.DestQPN}
+			if !isSend {
+				wc.Opcode = WCRecvRDMAImm
+			}
+			if info.Has(roce.HasImmDt) {
+				wc.Imm, wc.Flags = p.Imm, WCWithImm
+			}
+			if info.Has(roce.HasIETH) {
+				wc.Imm, wc.Flags = p.IETH, WCWithInv
+				qp.e.mem.invalidate(qp.cfg.PD, p.IETH)
+			}
+			qp.rqHead++
+			qp.cfg.RecvCQ.push(&wc)
+			qp.notify(qp.cfg.RecvCQ)
+		}
+	}
+	if qp.cfg.Type == RC {
+		qp.ack(p)
+	}
+}
+
+// recvError completes the receive WQE w with an error status.
+func (qp *QP) recvError(w *recvWQE, st Status) {
+	wc := WC{ID: w.id, Status: st, Opcode: WCRecv, QPNum: qp.num}
+	qp.rqHead++
+	qp.cfg.RecvCQ.push(&wc)
+}
+
+// read executes an RDMA READ request: the response packets carry the
+// request's PSNs from psn on. fresh is false for a duplicate re-executed.
+func (qp *QP) read(p *roce.Packet, psn roce.PSN, fresh bool) {
+	if fresh && qp.attr.Access&AccessRemoteRead == 0 {
+		qp.nak(roce.NAKRemoteAccessError)
+		return
+	}
+	length := p.RETH.DMALen
+	buf, ok := qp.e.mem.remote(qp.cfg.PD, p.RETH.RKey, p.RETH.VA, length, AccessRemoteRead)
+	if !ok {
+		if fresh {
+			qp.nak(roce.NAKRemoteAccessError)
+		}
+		return
+	}
+	n := roce.ReadPSNs(length, qp.pmtu)
+	if fresh {
+		qp.remember(respEntry{first: psn, last: psn.Add(n - 1), valid: true})
+		qp.ePSN = psn.Add(n)
+		qp.msn++
+	}
+	r := &qp.tmpl
+	r.BTH.AckReq, r.BTH.SolicitedEvent = false, false
+	r.AETH = roce.AETHFields{Syndrome: roce.SyndromeACK | roce.CreditInvalid, MSN: qp.msn & 0xFFFFFF}
+	var src sgl
+	src.segs = append(qp.scratch.segs[:0], buf)
+	src.total = length
+	for i := 0; i < n; i++ {
+		off := uint32(i) * uint32(qp.pmtu)
+		k := min(uint32(qp.pmtu), length-off)
+		switch {
+		case n == 1:
+			r.BTH.Opcode = roce.RCRDMAReadResponseOnly
+		case i == 0:
+			r.BTH.Opcode = roce.RCRDMAReadResponseFirst
+		case i == n-1:
+			r.BTH.Opcode = roce.RCRDMAReadResponseLast
+		default:
+			r.BTH.Opcode = roce.RCRDMAReadResponseMiddle
+		}
+		r.BTH.PSN = psn.Add(i)
+		qp.buildAndSend(r, &src, nil, off, k)
+	}
+	qp.scratch.segs = src.segs[:0]
+}
+
+// atomic executes CMP_SWAP or FETCH_ADD (IBA 9.4.5) and answers with the
+// original value.
+func (qp *QP) atomic(p *roce.Packet) {
+	a := &p.AtomicETH
+	if qp.attr.Access&AccessRemoteAtomic == 0 || a.VA%8 != 0 {
+		qp.nak(roce.NAKRemoteAccessError)
+		return
+	}
+	buf, ok := qp.e.mem.remote(qp.cfg.PD, a.RKey, a.VA, 8, AccessRemoteAtomic)
+	if !ok {
+		qp.nak(roce.NAKRemoteAccessError)
+		return
+	}
+	orig := getUint64(buf)
+	switch p.BTH.Opcode {
+	case roce.RCCompareSwap:
+		if orig == a.Compare {
+			putUint64(buf, a.SwapAdd)
+		}
+	case roce.RCFetchAdd:
+		putUint64(buf, orig+a.SwapAdd)
+	}
+	qp.remember(respEntry{first: p.BTH.PSN, last: p.BTH.PSN, atomic: true, orig: orig, valid: true})
+	qp.ePSN = qp.ePSN.Next()
+	qp.msn++
+	qp.sendAtomicAck(p.BTH.PSN, orig)
+}
+
+func (qp *QP) sendAtomicAck(psn roce.PSN, orig uint64) {
+	r := &qp.tmpl
+	r.BTH.Opcode, r.BTH.PSN, r.BTH.AckReq, r.BTH.SolicitedEvent = roce.RCAtomicAcknowledge, psn, false, false
+	r.AETH = roce.AETHFields{Syndrome: roce.SyndromeACK | roce.CreditInvalid, MSN: qp.msn & 0xFFFFFF}
+	r.AtomicAck = orig
+	qp.buildAndSend(r, nil, nil, 0, 0)
+}
+
+// remember keeps a READ or atomic for duplicates, in a ring.
+func (qp *QP) remember(r respEntry) {
+	qp.cache[qp.cacheN%len(qp.cache)] = r
+	qp.cacheN++
+}
+
+// duplicate answers a request the responder has seen before (IBA
+// 9.7.4.1.2): SEND and WRITE are acknowledged again, not executed; a READ
+// is executed again from memory; an atomic is answered from the saved
+// result, never executed twice.
+func (qp *QP) duplicate(frame []byte, p *roce.Packet) {
+	info := p.Info()
+	switch {
+	case info.Has(roce.OpRead):
+		for _, r := range qp.cache {
+			if r.valid && !r.atomic && p.BTH.PSN.Diff(r.first) >= 0 && p.BTH.PSN.Diff(r.last) <= 0 {
+				qp.read(p, p.BTH.PSN, false)
+				return
+			}
+		}
+	case info.Has(roce.OpAtomic):
+		for _, r := range qp.cache {
+			if r.valid && r.atomic && r.first == p.BTH.PSN {
+				qp.sendAtomicAck(r.first, r.orig)
+				return
+			}
+		}
+	default:
+		qp.sendAck(qp.ePSN.Add(-1), roce.SyndromeACK|roce.CreditInvalid)
+	}
+}
+
+// receiveUD delivers a UD SEND into the next receive WQE, behind the
+// 40-byte GRH area libibverbs defines (for RoCEv2 over IPv4 the IPv4
+// header sits in its last 20 bytes).
+func (qp *QP) receiveUD(frame []byte, p *roce.Packet) {
+	if p.DETH.QKey != qp.attr.QKey || p.DETH.QKey&0x80000000 != 0 && qp.num != 1 {
+		qp.e.stats.dropped.Add(1) // Q_Key violation: silently dropped (IBA 10.2.5)
+		return
+	}
+	w := qp.recvHead()
+	if w == nil {
+		qp.e.stats.dropped.Add(1)
+		return
+	}
+	const grh = 40
+	if !qp.e.mem.resolve(qp.cfg.PD, w.sges(), true, &qp.scratch) {
+		qp.recvError(w, WCLocProtErr)
+		qp.notify(qp.cfg.RecvCQ)
+		return
+	}
+	payload := p.Payload(frame)
+	if qp.scratch.total < grh+uint32(len(payload)) {
+		qp.recvError(w, WCLocLenErr)
+		qp.notify(qp.cfg.RecvCQ)
+		return
+	}
+	var area [grh]byte
+	if p.IPv6 {
+		copy(area[:], frame[roce.EthernetLen:roce.EthernetLen+roce.IPv6Len])
+	} else {
+		copy(area[20:], frame[roce.EthernetLen:roce.EthernetLen+roce.IPv4Len])
+	}
+	qp.scratch.copyIn(area[:], 0)
+	qp.scratch.copyIn(payload, grh)
+	wc := WC{ID: w.id, Status: WCSuccess, Opcode: WCRecv, ByteLen: grh + uint32(len(payload)),
+		QPNum: qp.num, SrcQP: p.DETH.SrcQP, Flags: WCGRH}
+	if p.Info().Has(roce.HasImmDt) {
+		wc.Imm, wc.Flags = p.Imm, wc.Flags|WCWithImm
+	}
+	qp.rqHead++
+	qp.cfg.RecvCQ.push(&wc)
+	qp.notify(qp.cfg.RecvCQ)
+}
