@@ -291,6 +291,12 @@ func (qp *QP) sendUD(w *sendWQE) {
 		return
 	}
 	ah := w.wr.AH
+	src, err := qp.e.sourceAddr(ah.SGIDIndex)
+	if err != nil {
+		qp.completeSendUD(w, WCLocQPOpErr)
+		return
+	}
+	qp.src = src
 	p := qp.template(netipFrom16(ah.DstIP), ah.DstMAC, w.wr.RemoteQPN)
 	if ah.SrcPort != 0 {
 		p.SrcPort = ah.SrcPort

@@ -152,6 +152,7 @@ type conn struct {
 	mra, mrb   *MR
 	pda, pdb   *PD
 	bufa, bufb []byte
+	otherRKey  uint32
 }
 
 type connOpts struct {

@@ -122,9 +122,10 @@ const (
 
 // AH is an address handle: where a UD send goes.
 type AH struct {
-	DstIP   [16]byte // GID of the destination (IPv4-mapped for IPv4)
-	DstMAC  [6]byte
-	SrcPort uint16 // UDP source port; 0 lets the engine choose
+	DstIP     [16]byte // GID of the destination (IPv4-mapped for IPv4)
+	DstMAC    [6]byte
+	SGIDIndex uint8  // source GID
+	SrcPort   uint16 // UDP source port; 0 lets the engine choose
 }
 
 // SendWR is a send work request (struct ibv_send_wr).

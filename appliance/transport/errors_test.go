@@ -1,0 +1,263 @@
+package transport
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+
+	"github.com/taproce/taproce/appliance/impair"
+	"github.com/taproce/taproce/appliance/roce"
+)
+
+const base = 0x10000
+
+func sge(mr *MR, off, n int) []SGE {
+	return []SGE{{Addr: base + uint64(off), Length: uint32(n), LKey: mr.LKey}}
+}
+
+// TestRetryExceeded: with every frame from A lost, the WQE fails with
+// RETRY_EXC_ERR after retry_cnt retries, later ones are flushed, and the
+// QP is in the error state.
+func TestRetryExceeded(t *testing.T) {
+	s := newSim(t, impair.Spec{}, 1500)
+	c := s.connect(connOpts{retry: 2, rnr: 7})
+	s.a.im = impair.New(impair.Spec{Loss: 1, Seed: 1})
+	_, err := c.qa.PostSend([]SendWR{
+		{ID: 1, Opcode: OpWrite, SGL: sge(c.mra, 0, 100), RemoteAddr: base, RKey: c.mrb.RKey}, // unsignaled
+		{ID: 2, Opcode: OpWrite, Flags: SendSignaled, SGL: sge(c.mra, 0, 100), RemoteAddr: base, RKey: c.mrb.RKey},
+	})
+	must(t, err)
+	var wcs []WC
+	s.run(100000, func() bool { wcs = append(wcs, poll(c.cqa)...); return len(wcs) == 2 })
+	if wcs[0].ID != 1 || wcs[0].Status != WCRetryExcErr || wcs[1].ID != 2 || wcs[1].Status != WCWRFlushErr {
+		t.Fatalf("completions %+v", wcs)
+	}
+	if c.qa.State() != StateErr {
+		t.Fatalf("state %v", c.qa.State())
+	}
+	if st := s.a.eng.Stats(); st.Timeouts != 3 {
+		t.Fatalf("%d timeouts, want 3 (first try + 2 retries)", st.Timeouts)
+	}
+	// Work posted in the error state completes at once with a flush error.
+	_, err = c.qa.PostSend([]SendWR{{ID: 3, Opcode: OpSend, SGL: sge(c.mra, 0, 1)}})
+	must(t, err)
+	if wc := poll(c.cqa); len(wc) != 1 || wc[0].Status != WCWRFlushErr {
+		t.Fatalf("post in ERR: %+v", wc)
+	}
+}
+
+// TestRNR: a SEND with no receive posted meets RNR NAKs until a receive
+// arrives, then succeeds; with rnr_retry exhausted it fails.
+func TestRNR(t *testing.T) {
+	s := newSim(t, impair.Spec{}, 1500)
+	c := s.connect(connOpts{retry: 7, rnr: 7})
+	_, err := c.qa.PostSend([]SendWR{{ID: 1, Opcode: OpSend, Flags: SendSignaled, SGL: sge(c.mra, 0, 3000)}})
+	must(t, err)
+	s.run(1000, func() bool { return s.b.eng.Stats().RNRNAKsSent >= 3 })
+	if len(poll(c.cqa)) != 0 {
+		t.Fatal("completed without a receive")
+	}
+	_, err = c.qb.PostRecv([]RecvWR{{ID: 9, SGL: sge(c.mrb, 0, 4096)}})
+	must(t, err)
+	var wcs []WC
+	s.run(10000, func() bool { wcs = append(wcs, poll(c.cqa)...); return len(wcs) == 1 })
+	if wcs[0].Status != WCSuccess {
+		t.Fatalf("after RNR: %+v", wcs[0])
+	}
+	if r := poll(c.rcqb); len(r) != 1 || r[0].ByteLen != 3000 {
+		t.Fatalf("receive %+v", r)
+	}
+
+	s2 := newSim(t, impair.Spec{}, 1500)
+	c2 := s2.connect(connOpts{retry: 7, rnr: 2})
+	_, err = c2.qa.PostSend([]SendWR{{ID: 1, Opcode: OpSend, Flags: SendSignaled, SGL: sge(c2.mra, 0, 10)}})
+	must(t, err)
+	wcs = nil
+	s2.run(10000, func() bool { wcs = append(wcs, poll(c2.cqa)...); return len(wcs) == 1 })
+	if wcs[0].Status != WCRNRRetryExcErr || s2.b.eng.Stats().RNRNAKsSent != 3 {
+		t.Fatalf("RNR exhausted: %+v, %d RNR NAKs", wcs[0], s2.b.eng.Stats().RNRNAKsSent)
+	}
+}
+
+// TestRemoteAccessViolations: each violation NAKs with remote access
+// error, completes with REM_ACCESS_ERR, and leaves the target unchanged.
+func TestRemoteAccessViolations(t *testing.T) {
+	cases := []struct {
+		name   string
+		access Access // of B's QP
+		wr     func(c *conn) SendWR
+	}{
+		{"bad rkey", 0, func(c *conn) SendWR {
+			return SendWR{Opcode: OpWrite, SGL: sge(c.mra, 0, 64), RemoteAddr: base, RKey: c.mrb.RKey ^ 0x100}
+		}},
+		{"beyond the region", 0, func(c *conn) SendWR {
+			return SendWR{Opcode: OpWrite, SGL: sge(c.mra, 0, 64), RemoteAddr: base + uint64(len(c.bufb)) - 32, RKey: c.mrb.RKey}
+		}},
+		{"below the region", 0, func(c *conn) SendWR {
+			return SendWR{Opcode: OpRead, SGL: sge(c.mra, 0, 64), RemoteAddr: base - 8, RKey: c.mrb.RKey}
+		}},
+		{"no remote write on the QP", AccessLocalWrite | AccessRemoteRead, func(c *conn) SendWR {
+			return SendWR{Opcode: OpWrite, SGL: sge(c.mra, 0, 64), RemoteAddr: base, RKey: c.mrb.RKey}
+		}},
+		{"no remote read on the QP", AccessLocalWrite | AccessRemoteWrite, func(c *conn) SendWR {
+			return SendWR{Opcode: OpRead, SGL: sge(c.mra, 0, 64), RemoteAddr: base, RKey: c.mrb.RKey}
+		}},
+		{"no atomics on the QP", AccessLocalWrite | AccessRemoteWrite, func(c *conn) SendWR {
+			return SendWR{Opcode: OpFetchAdd, SGL: sge(c.mra, 0, 8), RemoteAddr: base, RKey: c.mrb.RKey, CompareAdd: 1}
+		}},
+		{"misaligned atomic", 0, func(c *conn) SendWR {
+			return SendWR{Opcode: OpCmpSwap, SGL: sge(c.mra, 0, 8), RemoteAddr: base + 4, RKey: c.mrb.RKey, Swap: 1}
+		}},
+		{"region of another PD", 0, func(c *conn) SendWR {
+			return SendWR{Opcode: OpWrite, SGL: sge(c.mra, 0, 64), RemoteAddr: base, RKey: c.otherRKey}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSim(t, impair.Spec{}, 1500)
+			c := s.connect(connOpts{retry: 7, rnr: 7, access: tc.access})
+			for i := range c.bufa {
+				c.bufa[i] = 0xAA
+			}
+			other := make([]byte, 4096)
+			mr, err := s.b.eng.Memory().Register(s.b.eng.Memory().NewPD(), base, other, AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead)
+			must(t, err)
+			c.otherRKey = mr.RKey
+			before := append([]byte(nil), c.bufb...)
+			wr := tc.wr(c)
+			wr.ID, wr.Flags = 7, SendSignaled
+			_, err = c.qa.PostSend([]SendWR{wr})
+			must(t, err)
+			var wcs []WC
+			s.run(10000, func() bool { wcs = append(wcs, poll(c.cqa)...); return len(wcs) == 1 })
+			if wcs[0].Status != WCRemAccessErr {
+				t.Fatalf("completion %+v (%v)", wcs[0], wcs[0].Status)
+			}
+			if !bytes.Equal(before, c.bufb) || bytes.Count(other, []byte{0}) != len(other) {
+				t.Fatal("target memory changed")
+			}
+			if c.qa.State() != StateErr || c.qb.State() != StateErr {
+				t.Fatalf("states %v / %v", c.qa.State(), c.qb.State())
+			}
+		})
+	}
+}
+
+// TestReceiveTooSmall: a SEND longer than the receive buffer completes the
+// receive with LOC_LEN_ERR and the send with REM_INV_REQ_ERR.
+func TestReceiveTooSmall(t *testing.T) {
+	s := newSim(t, impair.Spec{}, 1500)
+	c := s.connect(connOpts{retry: 7, rnr: 7})
+	_, err := c.qb.PostRecv([]RecvWR{{ID: 5, SGL: sge(c.mrb, 0, 100)}, {ID: 6, SGL: sge(c.mrb, 100, 100)}})
+	must(t, err)
+	_, err = c.qa.PostSend([]SendWR{{ID: 1, Opcode: OpSend, Flags: SendSignaled, SGL: sge(c.mra, 0, 2000)}})
+	must(t, err)
+	var wcs []WC
+	s.run(10000, func() bool { wcs = append(wcs, poll(c.cqa)...); return len(wcs) == 1 })
+	if wcs[0].Status != WCRemInvReqErr {
+		t.Fatalf("send: %+v", wcs[0])
+	}
+	r := poll(c.rcqb)
+	if len(r) != 2 || r[0].ID != 5 || r[0].Status != WCLocLenErr || r[1].Status != WCWRFlushErr {
+		t.Fatalf("receives %+v", r)
+	}
+}
+
+// TestLocalProtection: an SGE with a bad lkey fails locally, in order,
+// after the work before it completes.
+func TestLocalProtection(t *testing.T) {
+	s := newSim(t, impair.Spec{}, 1500)
+	c := s.connect(connOpts{retry: 7, rnr: 7})
+	bad := []SGE{{Addr: base, Length: 10, LKey: 0xdead00}}
+	_, err := c.qa.PostSend([]SendWR{
+		{ID: 1, Opcode: OpWrite, Flags: SendSignaled, SGL: sge(c.mra, 0, 10), RemoteAddr: base, RKey: c.mrb.RKey},
+		{ID: 2, Opcode: OpWrite, Flags: SendSignaled, SGL: bad, RemoteAddr: base, RKey: c.mrb.RKey},
+		{ID: 3, Opcode: OpWrite, Flags: SendSignaled, SGL: sge(c.mra, 0, 10), RemoteAddr: base, RKey: c.mrb.RKey},
+	})
+	must(t, err)
+	var wcs []WC
+	s.run(10000, func() bool { wcs = append(wcs, poll(c.cqa)...); return len(wcs) == 3 })
+	if wcs[0].Status != WCSuccess || wcs[1].Status != WCLocProtErr || wcs[2].Status != WCWRFlushErr {
+		t.Fatalf("completions %v %v %v", wcs[0].Status, wcs[1].Status, wcs[2].Status)
+	}
+}
+
+// TestUD: UD sends land behind the 40-byte GRH area with the sender's QPN;
+// a wrong Q_Key is dropped.
+func TestUD(t *testing.T) {
+	s := newSim(t, impair.Spec{}, 1500)
+	mk := func(p *simPort) (*QP, *CQ, *CQ, *MR, []byte) {
+		pd := p.eng.Memory().NewPD()
+		buf := make([]byte, 8192)
+		mr, err := p.eng.Memory().Register(pd, base, buf, AccessLocalWrite)
+		must(t, err)
+		scq, rcq := NewCQ(64, nil), NewCQ(64, nil)
+		qp, err := p.eng.CreateQP(QPConfig{Type: UD, PD: pd, SendCQ: scq, RecvCQ: rcq, MaxSendWR: 16, MaxRecvWR: 16})
+		must(t, err)
+		must(t, qp.Modify(&QPAttr{State: StateInit, Port: 1, QKey: 0x11111111}, AttrState|AttrPKeyIndex|AttrPort|AttrQKey))
+		must(t, qp.Modify(&QPAttr{State: StateRTR}, AttrState))
+		must(t, qp.Modify(&QPAttr{State: StateRTS, SQPSN: 7}, AttrState|AttrSQPSN))
+		return qp, scq, rcq, mr, buf
+	}
+	qa, scqa, _, mra, bufa := mk(s.a)
+	qb, _, rcqb, mrb, bufb := mk(s.b)
+	copy(bufa, "hello over UD")
+	_, err := qb.PostRecv([]RecvWR{{ID: 1, SGL: []SGE{{Addr: base, Length: 1000, LKey: mrb.LKey}}}})
+	must(t, err)
+	ah := &AH{DstIP: s.b.ip.As16(), DstMAC: s.b.mac, SGIDIndex: 1}
+	_, err = qa.PostSend([]SendWR{
+		{ID: 1, Opcode: OpSendImm, Imm: 42, Flags: SendSignaled, SGL: []SGE{{Addr: base, Length: 13, LKey: mra.LKey}}, AH: ah, RemoteQPN: qb.Num(), RemoteQKey: 0x11111111},
+		{ID: 2, Opcode: OpSend, Flags: SendSignaled, SGL: []SGE{{Addr: base, Length: 13, LKey: mra.LKey}}, AH: ah, RemoteQPN: qb.Num(), RemoteQKey: 0x22222222},
+	})
+	must(t, err)
+	var r []WC
+	s.run(1000, func() bool { r = append(r, poll(rcqb)...); return len(r) == 1 && len(s.a.inbox)+len(s.b.inbox) == 0 })
+	if r[0].ByteLen != 40+13 || r[0].SrcQP != qa.Num() || r[0].Flags&WCGRH == 0 || r[0].Imm != 42 {
+		t.Fatalf("UD receive %+v", r[0])
+	}
+	if string(bufb[40:53]) != "hello over UD" {
+		t.Fatalf("payload %q", bufb[40:53])
+	}
+	ip := roce.IPv4(bufb[20:40])
+	if ip.Version() != 4 || ip.Src() != s.a.ip || ip.Dst() != s.b.ip {
+		t.Fatalf("GRH area %x", bufb[:40])
+	}
+	if s := poll(scqa); len(s) != 2 || s[0].Status != WCSuccess || s[1].Status != WCSuccess {
+		t.Fatalf("send completions %+v", s)
+	}
+	if len(poll(rcqb)) != 0 {
+		t.Fatal("the wrong Q_Key was delivered")
+	}
+}
+
+// TestModifyRules: missing and forbidden attributes are EINVAL-like
+// errors, as libibverbs reports them.
+func TestModifyRules(t *testing.T) {
+	e := NewEngine(Config{MAC: roce.MAC{2, 0, 0, 0, 0, 1}, GIDs: []roce.GID{{}}, Out: &simPort{}})
+	pd := e.Memory().NewPD()
+	cq := NewCQ(4, nil)
+	qp, err := e.CreateQP(QPConfig{Type: RC, PD: pd, SendCQ: cq, RecvCQ: cq, MaxSendWR: 4, MaxRecvWR: 4})
+	must(t, err)
+	tests := []struct {
+		attr QPAttr
+		mask AttrMask
+		ok   bool
+	}{
+		{QPAttr{State: StateRTR}, AttrState, false},                                                          // RESET→RTR
+		{QPAttr{State: StateInit}, AttrState | AttrPKeyIndex | AttrPort, false},                              // missing access
+		{QPAttr{State: StateInit}, AttrState | AttrPKeyIndex | AttrPort | AttrAccessFlags | AttrQKey, false}, // QKey not for RC
+		{QPAttr{State: StateInit, Port: 1}, AttrState | AttrPKeyIndex | AttrPort | AttrAccessFlags, true},
+		{QPAttr{State: StateRTR}, AttrState | AttrAV | AttrPathMTU, false}, // missing DEST_QPN etc.
+		{QPAttr{State: StateErr}, AttrState | AttrTimeout, false},          // ERR takes the state alone
+		{QPAttr{State: StateReset}, AttrState, true},
+	}
+	for i, tt := range tests {
+		err := qp.Modify(&tt.attr, tt.mask)
+		if (err == nil) != tt.ok || err != nil && !errors.Is(err, ErrInvalid) {
+			t.Errorf("case %d (%v, %#x): %v", i, tt.attr.State, tt.mask, err)
+		}
+	}
+	if _, err := qp.PostSend([]SendWR{{Opcode: OpSend}}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("post send in RESET: %v", err)
+	}
+}
