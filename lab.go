@@ -34,6 +34,7 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.Keep, "keep", false, "leave the lab up until interrupted; remove it with `taproce lab down`")
 	fs.BoolVar(&o.Offload, "super-frames", true, "move many RoCE packets per TAP syscall (UDP GSO)")
 	fs.IntVar(&o.Frames, "frames", 20000, "RoCE frames per direction in the exchange")
+	rdmaMiB := fs.Int("rdma-mib", 64, "MiB moved by RDMA WRITE and read back by RDMA READ between the first two hosts (0: skip)")
 	verbose := fs.Bool("v", false, "log port events")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage: taproce lab [flags]    build the lab, run the checks and the exchange, print the results")
@@ -57,6 +58,10 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	o.Out = stdout
+	o.RDMA = *rdmaMiB << 20
+	if *rdmaMiB <= 0 {
+		o.RDMA = -1
+	}
 	if *verbose {
 		o.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}

@@ -16,7 +16,6 @@ type ring struct {
 	lens  []int
 	head  int
 	n     int
-	peer  *ringPort
 }
 
 type ringPort struct {

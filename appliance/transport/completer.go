@@ -94,81 +94,114 @@ func (qp *QP) complete(frame []byte, p *roce.Packet) {
 	qp.drive()
 }
 
-// ackUpTo completes, in order, the WQEs whose packets are all at or before
-// psn. A READ or atomic that an acknowledgement passes without its
-// response having arrived was lost: the requester asks again (IBA
-// 9.7.5.1.1, implicit NAK). It reports whether anything was acknowledged.
+// ackUpTo records an acknowledgement of every PSN up to psn and completes
+// what that finishes. It reports whether it was news.
 func (qp *QP) ackUpTo(psn roce.PSN) bool {
 	progress := false
 	if psn.Diff(qp.acked) > 0 && psn.Diff(qp.sentTo) < 0 {
 		qp.acked = psn
 		progress = true
 	}
-	// Complete up to the highest acknowledgement seen, whichever packet
-	// brought it.
-	psn = qp.acked
+	return qp.completeInOrder() || progress
+}
+
+// completeInOrder completes the WQEs at the head of the send queue that
+// are finished: SEND and WRITE once acknowledged, READ and atomics once
+// their response has arrived whole. A READ or atomic that an
+// acknowledgement has passed without its response was lost on the way
+// back: only it is asked for again (IBA 9.7.5.1.1, implicit NAK).
+func (qp *QP) completeInOrder() bool {
+	done := false
 	for qp.sqHead < qp.sqNext {
 		w := &qp.sq[qp.sqHead%uint64(len(qp.sq))]
 		if w.fail != 0 {
 			qp.toError(w.fail, true)
-			return progress
+			return done
 		}
-		if !w.assigned || w.lastPSN.Diff(psn) > 0 {
+		if !w.assigned {
 			break
 		}
 		if w.wr.Opcode == OpRead || w.wr.Opcode.isAtomic() {
-			// The response, not an ACK, completes these.
-			qp.rewind(w.firstPSN.Add(int(w.resp / uint32(qp.pmtu))))
+			if !w.filled {
+				if qp.acked.Diff(w.lastPSN) >= 0 {
+					qp.askAgain(w)
+				}
+				break
+			}
+		} else if w.lastPSN.Diff(qp.acked) > 0 {
 			break
 		}
+		// Completed in order: every PSN up to this WQE's last is done.
+		if w.lastPSN.Diff(qp.acked) > 0 {
+			qp.acked = w.lastPSN
+		}
 		qp.completeSend(w, WCSuccess)
-		progress = true
+		done = true
 	}
-	return progress
+	return done
 }
 
-// oldestReadOrAtomic returns the oldest WQE not yet completed when it is a
-// READ or an atomic that has been sent.
-func (qp *QP) oldestReadOrAtomic() *sendWQE {
-	if qp.sqHead == qp.sqNext {
-		return nil
-	}
-	w := &qp.sq[qp.sqHead%uint64(len(qp.sq))]
-	if w.wr.Opcode == OpRead || w.wr.Opcode.isAtomic() {
-		return w
+// findResponder returns the outstanding READ or atomic WQE whose PSNs
+// hold psn.
+func (qp *QP) findResponder(psn roce.PSN, atomic bool) *sendWQE {
+	for i := qp.sqHead; i < qp.sqNext; i++ {
+		w := &qp.sq[i%uint64(len(qp.sq))]
+		if !w.assigned || w.filled || w.wr.Opcode.isAtomic() != atomic || !atomic && w.wr.Opcode != OpRead {
+			continue
+		}
+		if psn.Diff(w.firstPSN) >= 0 && psn.Diff(w.lastPSN) <= 0 {
+			return w
+		}
 	}
 	return nil
 }
 
+// askAgain sends the request of a READ again for what has not arrived, or
+// an atomic again (the responder answers it from its cache), without
+// rewinding the rest of the send queue. It does so once for each point
+// the READ has reached, so that the responses still on their way behind a
+// gap do not each start another request.
+func (qp *QP) askAgain(w *sendWQE) {
+	if w.askedAt == w.resp+1 {
+		return
+	}
+	w.askedAt = w.resp + 1
+	qp.e.stats.retransmits.Add(1)
+	if !qp.resolveLocal(w, true) {
+		return
+	}
+	qp.sendReadOrAtomic(w)
+}
+
 // readResponse places a READ response packet in the requester's buffer.
+// Each packet's place follows from its PSN, so responses that overtook
+// one another are placed as they come, within a window of 64 packets past
+// the first missing one; w.resp counts the bytes received without a hole.
+// The rest of a READ is asked for again only when a hole outlives its
+// last response, or a response lands beyond the window. A READ further
+// down the queue fills while an earlier one waits.
 func (qp *QP) readResponse(frame []byte, p *roce.Packet) bool {
 	psn := p.BTH.PSN
-	// Everything before this READ is implicitly acknowledged.
-	for qp.sqHead < qp.sqNext {
-		w := &qp.sq[qp.sqHead%uint64(len(qp.sq))]
-		if w.wr.Opcode == OpRead && psn.Diff(w.firstPSN) >= 0 && psn.Diff(w.lastPSN) <= 0 {
-			break
-		}
-		if w.wr.Opcode == OpRead || w.wr.Opcode.isAtomic() || w.lastPSN.Diff(psn) >= 0 {
-			return false // a response for something else: stale
-		}
-		qp.completeSend(w, WCSuccess)
-	}
-	w := qp.oldestReadOrAtomic()
-	if w == nil || w.wr.Opcode != OpRead {
-		return false
+	w := qp.findResponder(psn, false)
+	if w == nil {
+		return false // stale
 	}
 	pmtu := uint32(qp.pmtu)
 	want := w.firstPSN.Add(int(w.resp / pmtu))
-	if d := psn.Diff(want); d != 0 {
+	d := psn.Diff(want)
+	if d < 0 || d >= 64 {
 		if d > 0 {
-			qp.rewind(want) // a response went missing: ask again from it
+			qp.askAgain(w)
 		}
 		return false
 	}
+	if d > 0 && w.ahead&(1<<(d-1)) != 0 {
+		return false // a duplicate
+	}
+	off := uint32(psn.Diff(w.firstPSN)) * pmtu
 	n := uint32(p.PayloadLen)
 	last := p.Info().Has(roce.Last) || p.Info().Has(roce.Only)
-	if w.resp+n > w.length || !last && n != pmtu || last && w.resp+n != w.length {
+	if off+n > w.length || !last && n != pmtu || last && off+n != w.length {
 		qp.toError(WCBadRespErr, true)
 		return false
 	}
@@ -176,32 +209,34 @@ func (qp *QP) readResponse(frame []byte, p *roce.Packet) bool {
 		qp.toError(WCLocProtErr, true)
 		return false
 	}
-	qp.scratch.copyIn(p.Payload(frame), w.resp)
-	w.resp += n
-	if psn.Diff(qp.acked) > 0 {
-		qp.acked = psn
+	qp.scratch.copyIn(p.Payload(frame), off)
+	if d > 0 {
+		w.ahead |= 1 << (d - 1)
+		if last {
+			qp.askAgain(w) // the last is here and a hole is not: ask for it
+		}
+		return true
 	}
-	if last {
-		qp.completeSend(w, WCSuccess)
-		qp.ackUpTo(psn) // later WQEs acknowledged by coalescing
+	// In order: advance over this packet and those already here behind it.
+	w.resp = min(w.length, off+n)
+	for w.ahead&1 != 0 {
+		w.ahead >>= 1
+		w.resp = min(w.length, w.resp+pmtu)
 	}
+	w.ahead >>= 1
+	w.filled = w.resp == w.length
+	// The responder executes in order: everything before this READ is done.
+	if before := w.firstPSN.Add(-1); before.Diff(qp.acked) > 0 {
+		qp.acked = before
+	}
+	qp.completeInOrder()
 	return true
 }
 
-// atomicAck stores an atomic's original value and completes it.
+// atomicAck stores an atomic's original value.
 func (qp *QP) atomicAck(p *roce.Packet) bool {
-	for qp.sqHead < qp.sqNext {
-		w := &qp.sq[qp.sqHead%uint64(len(qp.sq))]
-		if w.wr.Opcode.isAtomic() && w.firstPSN == p.BTH.PSN {
-			break
-		}
-		if w.wr.Opcode == OpRead || w.wr.Opcode.isAtomic() || w.lastPSN.Diff(p.BTH.PSN) >= 0 {
-			return false
-		}
-		qp.completeSend(w, WCSuccess)
-	}
-	w := qp.oldestReadOrAtomic()
-	if w == nil || !w.wr.Opcode.isAtomic() || w.firstPSN != p.BTH.PSN {
+	w := qp.findResponder(p.BTH.PSN, true)
+	if w == nil || w.firstPSN != p.BTH.PSN {
 		return false
 	}
 	if !qp.e.mem.resolve(qp.cfg.PD, w.wr.SGL, true, &qp.scratch) || qp.scratch.total != 8 {
@@ -211,9 +246,10 @@ func (qp *QP) atomicAck(p *roce.Packet) bool {
 	var b [8]byte
 	putUint64(b[:], p.AtomicAck)
 	qp.scratch.copyIn(b[:], 0)
+	w.filled = true
 	if p.BTH.PSN.Diff(qp.acked) > 0 {
 		qp.acked = p.BTH.PSN
 	}
-	qp.completeSend(w, WCSuccess)
+	qp.completeInOrder()
 	return true
 }

@@ -32,6 +32,9 @@ type sendWQE struct {
 	state    wqeState
 	resp     uint32 // READ: response bytes received
 	fail     Status // a local error found while sending, reported in order
+	filled   bool   // READ or atomic: its response has arrived whole
+	askedAt  uint32 // READ: w.resp when its remainder was last asked for again
+	ahead    uint64 // READ: responses received past w.resp, bit i = packet i after it
 }
 
 type recvWQE struct {
@@ -90,6 +93,7 @@ type QP struct {
 	msgBuf  []byte // WRITE target
 	cache   []respEntry
 	cacheN  int
+	stash   *reorderStash
 
 	scratch sgl
 }
@@ -209,6 +213,9 @@ func (qp *QP) reset() {
 	qp.attr = QPAttr{}
 	qp.inMsg, qp.nakSent, qp.msn, qp.reqOff, qp.rdAtomicOut = false, false, 0, 0, 0
 	qp.retryAt, qp.rnrAt = time.Time{}, time.Time{}
+	if qp.stash != nil {
+		qp.stash.clear()
+	}
 	for i := range qp.cache {
 		qp.cache[i] = respEntry{}
 	}
@@ -428,6 +435,7 @@ func (qp *QP) flushRQ() {
 
 // tick runs the QP's timers.
 func (qp *QP) tick(now time.Time) {
+
 	if !qp.rnrAt.IsZero() && !now.Before(qp.rnrAt) {
 		qp.rnrAt = time.Time{}
 		qp.drive()
@@ -438,13 +446,6 @@ func (qp *QP) tick(now time.Time) {
 		if qp.sqHead == qp.sqNext && qp.reqOff == 0 {
 			return // nothing outstanding
 		}
-		if qp.acked.Next() == qp.sentTo && qp.sqNext == qp.sqTl {
-			// Everything sent is acknowledged; what is left waits only
-			// for its turn to complete.
-			qp.ackUpTo(qp.acked)
-			qp.armRetry()
-			return
-		}
 		if qp.retryLeft == 0 {
 			qp.toError(WCRetryExcErr, true)
 			return
@@ -452,7 +453,15 @@ func (qp *QP) tick(now time.Time) {
 		if qp.attr.RetryCnt != 7 {
 			qp.retryLeft--
 		}
+		// READs and atomics whose answer is still missing may be asked
+		// for again, once more each.
+		for i := qp.sqHead; i < qp.sqNext; i++ {
+			if w := &qp.sq[i%uint64(len(qp.sq))]; !w.filled {
+				w.askedAt = 0
+			}
+		}
 		qp.rewind(qp.acked.Next())
+		qp.completeInOrder()
 		qp.drive()
 	}
 }

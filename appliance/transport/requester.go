@@ -9,7 +9,7 @@ import (
 // acknowledgement at least this often within a long message (rxe:
 // RXE_MAX_PKT_PER_ACK).
 const (
-	maxInflight   = 512
+	maxInflight   = 128
 	maxPktsPerAck = 64
 )
 
@@ -134,37 +134,17 @@ func (qp *QP) sendRC(w *sendWQE) bool {
 	if !qp.resolveLocal(w, op == OpRead || op.isAtomic()) {
 		return false
 	}
-	p := &qp.tmpl
-	p.RETH, p.AtomicETH, p.Imm, p.IETH = roce.RETHFields{}, roce.AtomicETHFields{}, 0, 0
-	p.BTH.SolicitedEvent = false
-	switch {
-	case op == OpRead:
-		off := w.resp
-		p.BTH.Opcode = roce.RCRDMAReadRequest
-		p.BTH.PSN = w.firstPSN.Add(int(off / pmtu))
-		p.BTH.AckReq = true
-		p.RETH = roce.RETHFields{VA: w.wr.RemoteAddr + uint64(off), RKey: w.wr.RKey, DMALen: w.length - off}
-		qp.buildAndSend(p, nil, nil, 0, 0)
-		qp.psn = w.lastPSN.Next()
-		qp.finishSent(w)
-		return true
-	case op.isAtomic():
-		p.BTH.Opcode = roce.RCFetchAdd
-		if op == OpCmpSwap {
-			p.BTH.Opcode = roce.RCCompareSwap
+	if op == OpRead || op.isAtomic() {
+		if !w.filled {
+			qp.sendReadOrAtomic(w)
 		}
-		p.BTH.PSN, p.BTH.AckReq = w.firstPSN, true
-		p.AtomicETH = roce.AtomicETHFields{VA: w.wr.RemoteAddr, RKey: w.wr.RKey}
-		if op == OpCmpSwap {
-			p.AtomicETH.Compare, p.AtomicETH.SwapAdd = w.wr.CompareAdd, w.wr.Swap
-		} else {
-			p.AtomicETH.SwapAdd = w.wr.CompareAdd
-		}
-		qp.buildAndSend(p, nil, nil, 0, 0)
 		qp.psn = w.lastPSN.Next()
 		qp.finishSent(w)
 		return true
 	}
+	p := &qp.tmpl
+	p.RETH, p.AtomicETH, p.Imm, p.IETH = roce.RETHFields{}, roce.AtomicETHFields{}, 0, 0
+	p.BTH.SolicitedEvent = false
 	// SEND and RDMA WRITE: one packet per path MTU.
 	var inline []byte
 	if w.wr.Flags&SendInline != 0 {
@@ -203,6 +183,28 @@ func (qp *QP) sendRC(w *sendWQE) bool {
 		}
 		qp.reqOff = off + n
 	}
+}
+
+// sendReadOrAtomic sends the request of a READ, for the part of its data
+// not yet received, or of an atomic.
+func (qp *QP) sendReadOrAtomic(w *sendWQE) {
+	p := &qp.tmpl
+	p.BTH.SolicitedEvent, p.BTH.AckReq = false, true
+	if w.wr.Opcode == OpRead {
+		off := w.resp
+		p.BTH.Opcode = roce.RCRDMAReadRequest
+		p.BTH.PSN = w.firstPSN.Add(int(off / uint32(qp.pmtu)))
+		p.RETH = roce.RETHFields{VA: w.wr.RemoteAddr + uint64(off), RKey: w.wr.RKey, DMALen: w.length - off}
+	} else {
+		p.BTH.Opcode = roce.RCFetchAdd
+		p.AtomicETH = roce.AtomicETHFields{VA: w.wr.RemoteAddr, RKey: w.wr.RKey, SwapAdd: w.wr.CompareAdd}
+		if w.wr.Opcode == OpCmpSwap {
+			p.BTH.Opcode = roce.RCCompareSwap
+			p.AtomicETH.Compare, p.AtomicETH.SwapAdd = w.wr.CompareAdd, w.wr.Swap
+		}
+		p.BTH.PSN = w.firstPSN
+	}
+	qp.buildAndSend(p, nil, nil, 0, 0)
 }
 
 // finishSent marks w as fully sent and moves on to the next WQE.
@@ -253,6 +255,12 @@ func rcOpcode(op Opcode, first, last bool) roce.Opcode {
 // queue is rewound to the WQE holding psn, nothing of it is kept but the
 // work request itself.
 func (qp *QP) rewind(psn roce.PSN) {
+	if qp.sqHead < qp.sqTl {
+		// Nothing before the oldest outstanding WQE needs sending again.
+		if h := &qp.sq[qp.sqHead%uint64(len(qp.sq))]; h.assigned && psn.Diff(h.firstPSN) < 0 {
+			psn = h.firstPSN
+		}
+	}
 	for i := qp.sqHead; i < qp.sqTl; i++ {
 		w := &qp.sq[i%uint64(len(qp.sq))]
 		if !w.assigned {

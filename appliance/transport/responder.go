@@ -30,14 +30,44 @@ func (qp *QP) respond(frame []byte, p *roce.Packet) {
 			qp.ePSN = p.BTH.PSN
 			break
 		}
-		if !qp.nakSent {
-			qp.nakSent = true
-			qp.sendAck(qp.ePSN, roce.SyndromeNAK|roce.NAKPSNSequenceError)
-			qp.e.stats.naksSent.Add(1)
+		// A packet ahead of the expected one is behind a loss or has only
+		// overtaken the one expected. It is kept aside, and the gap NAKed
+		// (once per gap, IBA 9.7.5.2.3) only when more than a swap's worth
+		// of packets wait or it falls outside the reorder window: on the
+		// wire this is go-back-N, but a reordered packet costs no
+		// retransmission.
+		if qp.stash == nil {
+			qp.stash = newReorderStash(qp.e.cfg.MTU + roce.EthernetLen)
+		}
+		if d >= reorderWindow || !qp.stash.put(frame, p) || qp.stash.n >= reorderTolerance {
+			qp.sendSeqNAK()
 		}
 		return
 	}
 	qp.nakSent = false
+	qp.executeInOrder(frame, p)
+	// Packets that overtook this one now follow it.
+	for qp.stash != nil && qp.stash.n > 0 && qp.state != StateErr {
+		f, sp, ok := qp.stash.take(qp.ePSN)
+		if !ok {
+			break
+		}
+		qp.executeInOrder(f, sp)
+	}
+}
+
+// executeInOrder executes the expected packet and forgets any copy kept
+// aside for the PSNs it consumed (copies that a retransmission overtook).
+func (qp *QP) executeInOrder(frame []byte, p *roce.Packet) {
+	start := qp.ePSN
+	qp.execute(frame, p)
+	if qp.stash != nil && qp.stash.n > 0 {
+		qp.stash.drop(start, qp.ePSN)
+	}
+}
+
+// execute carries out the request packet expected next.
+func (qp *QP) execute(frame []byte, p *roce.Packet) {
 	info := p.Info()
 	switch {
 	case info.Has(roce.OpSend), info.Has(roce.OpWrite):
@@ -49,6 +79,86 @@ func (qp *QP) respond(frame []byte, p *roce.Packet) {
 	default:
 		qp.nak(roce.NAKInvalidRequest)
 	}
+}
+
+// reorderWindow is how far ahead of the expected PSN a request may be
+// kept aside; reorderTolerance how many may wait before the gap is NAKed.
+const (
+	reorderWindow    = 64
+	reorderTolerance = 3
+)
+
+// reorderStash keeps request packets that arrived ahead of their turn.
+type reorderStash struct {
+	slot [reorderWindow]struct {
+		psn   roce.PSN
+		valid bool
+		frame []byte
+		pkt   roce.Packet
+	}
+	n int
+}
+
+func newReorderStash(frameSize int) *reorderStash {
+	s := &reorderStash{}
+	for i := range s.slot {
+		s.slot[i].frame = make([]byte, 0, frameSize)
+	}
+	return s
+}
+
+// put keeps a copy of frame; it reports false when it cannot.
+func (s *reorderStash) put(frame []byte, p *roce.Packet) bool {
+	e := &s.slot[uint32(p.BTH.PSN)%reorderWindow]
+	if e.valid && e.psn == p.BTH.PSN {
+		return true // a duplicate of one kept
+	}
+	if e.valid || len(frame) > cap(e.frame) {
+		return false
+	}
+	e.frame = append(e.frame[:0], frame...)
+	e.pkt, e.psn, e.valid = *p, p.BTH.PSN, true
+	s.n++
+	return true
+}
+
+// take returns the packet kept for psn.
+func (s *reorderStash) take(psn roce.PSN) ([]byte, *roce.Packet, bool) {
+	e := &s.slot[uint32(psn)%reorderWindow]
+	if !e.valid || e.psn != psn {
+		return nil, nil, false
+	}
+	e.valid = false
+	s.n--
+	return e.frame, &e.pkt, true
+}
+
+// drop forgets the packets kept for PSNs in [from, to).
+func (s *reorderStash) drop(from, to roce.PSN) {
+	for i := range s.slot {
+		e := &s.slot[i]
+		if e.valid && e.psn.Between(from, to) {
+			e.valid = false
+			s.n--
+		}
+	}
+}
+
+func (s *reorderStash) clear() {
+	for i := range s.slot {
+		s.slot[i].valid = false
+	}
+	s.n = 0
+}
+
+// sendSeqNAK sends the PSN sequence error NAK for the expected PSN.
+func (qp *QP) sendSeqNAK() {
+	if qp.nakSent || qp.state == StateErr {
+		return
+	}
+	qp.nakSent = true
+	qp.sendAck(qp.ePSN, roce.SyndromeNAK|roce.NAKPSNSequenceError)
+	qp.e.stats.naksSent.Add(1)
 }
 
 // nak sends a NAK for the expected PSN and, for the errors that end a

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -58,6 +59,18 @@ type Host struct {
 	// the namespace kernel's own addresses on the bridge.
 	PortAddrs, KernelAddrs []netip.Prefix
 	Port                   *appliance.Port
+
+	extra atomic.Pointer[func([]byte, *roce.Packet)] // a second handler, set while the lab runs
+}
+
+// SetHandler sets (or, with nil, clears) a handler that receives the
+// host's RoCE packets besides the topology's.
+func (h *Host) SetHandler(fn func([]byte, *roce.Packet)) {
+	if fn == nil {
+		h.extra.Store(nil)
+		return
+	}
+	h.extra.Store(&fn)
 }
 
 // PortIPv4 returns the port's IPv4 address.
@@ -263,9 +276,13 @@ func (l *Lab) bridge(host *Host) error {
 
 func (l *Lab) openPort(host *Host) error {
 	idx := host.Index
-	var handler func([]byte, *roce.Packet)
-	if l.Handler != nil {
-		handler = func(frame []byte, p *roce.Packet) { l.Handler(idx, frame, p) }
+	handler := func(frame []byte, p *roce.Packet) {
+		if l.Handler != nil {
+			l.Handler(idx, frame, p)
+		}
+		if fn := host.extra.Load(); fn != nil {
+			(*fn)(frame, p)
+		}
 	}
 	port, err := appliance.OpenPort(appliance.PortConfig{
 		Namespace: host.Namespace,

@@ -145,7 +145,7 @@ func TestLabRun(t *testing.T) {
 	}
 	var out strings.Builder
 	steps, err := Run(context.Background(), Options{
-		Prefix: p, Hosts: 3, MTU: 1500, Offload: true, Frames: 2000,
+		Prefix: p, Hosts: 3, MTU: 1500, Offload: true, Frames: 2000, RDMA: 16 << 20,
 		Impair: "loss=1%,duplicate=1%,reorder=5%,corrupt=0.1%,seed=7", Out: &out,
 	})
 	if err != nil {
@@ -166,7 +166,7 @@ func TestLabRun(t *testing.T) {
 func TestLabSuperFrames(t *testing.T) {
 	p := prefix(t)
 	var out strings.Builder
-	steps, err := Run(context.Background(), Options{Prefix: p, Hosts: 2, Offload: true, Frames: 5000, Out: &out})
+	steps, err := Run(context.Background(), Options{Prefix: p, Hosts: 2, Offload: true, Frames: 5000, RDMA: 64 << 20, Out: &out})
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
@@ -185,6 +185,9 @@ func TestLabSuperFrames(t *testing.T) {
 	if n != 2 {
 		t.Fatalf("%d exchange steps:\n%s", n, out.String())
 	}
+	if !strings.Contains(out.String(), "RDMA WRITE 64 MiB, READ it back") || !strings.Contains(out.String(), "SHA-256 identical") {
+		t.Fatalf("no RDMA exchange:\n%s", out.String())
+	}
 }
 
 // TestLabPcap: --pcap records the frames of both directions, and every
@@ -193,7 +196,7 @@ func TestLabPcap(t *testing.T) {
 	p := prefix(t)
 	path := t.TempDir() + "/lab.pcap"
 	var out strings.Builder
-	if _, err := Run(context.Background(), Options{Prefix: p, Hosts: 2, Offload: false, Frames: 200, Pcap: path, Out: &out}); err != nil {
+	if _, err := Run(context.Background(), Options{Prefix: p, Hosts: 2, Offload: false, Frames: 200, RDMA: 4 << 20, Pcap: path, Out: &out}); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	st, err := decode.File(io.Discard, path, decode.Options{})

@@ -34,6 +34,7 @@ type Options struct {
 	Keep    bool   // leave the lab up until interrupted
 	Offload bool   // UDP GSO super-frames on the TAPs
 	Frames  int    // RoCE frames per direction in the exchange
+	RDMA    int    // bytes moved by RDMA WRITE and read back by READ (0: 64 MiB; <0: none)
 	Prefix  string // namespace name prefix (default DefaultPrefix)
 	Out     io.Writer
 	Logger  *slog.Logger
@@ -65,6 +66,9 @@ func Run(ctx context.Context, o Options) ([]Step, error) {
 	}
 	if o.Frames == 0 {
 		o.Frames = 20000
+	}
+	if o.RDMA == 0 {
+		o.RDMA = 64 << 20
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -107,6 +111,9 @@ func Run(ctx context.Context, o Options) ([]Step, error) {
 			dst = l.Hosts[0]
 		}
 		steps = append(steps, ex.run(ctx, src, dst, o.Frames, spec))
+	}
+	if o.RDMA > 0 {
+		steps = append(steps, rdmaSteps(ctx, l, o.RDMA)...)
 	}
 	if spec.Enabled() {
 		steps = append(steps, impairStep(l, spec))
