@@ -34,6 +34,7 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.Keep, "keep", false, "leave the lab up until interrupted; remove it with `taproce lab down`")
 	fs.BoolVar(&o.Offload, "super-frames", true, "move many RoCE packets per TAP syscall (UDP GSO)")
 	fs.IntVar(&o.Frames, "frames", 20000, "RoCE frames per direction in the exchange")
+	fs.IntVar(&o.KernelLoss, "kernel-loss", 0, "percent of RoCE packets the kernels drop on each veth (nftables; needs nft)")
 	rdmaMiB := fs.Int("rdma-mib", 64, "MiB moved by RDMA WRITE and read back by RDMA READ between the first two hosts (0: skip)")
 	verbose := fs.Bool("v", false, "log port events")
 	fs.Usage = func() {

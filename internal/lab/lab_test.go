@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -188,6 +189,23 @@ func TestLabSuperFrames(t *testing.T) {
 	if !strings.Contains(out.String(), "RDMA WRITE 64 MiB, READ it back") || !strings.Contains(out.String(), "SHA-256 identical") {
 		t.Fatalf("no RDMA exchange:\n%s", out.String())
 	}
+}
+
+// TestLabKernelLoss runs the exchange with the loss made by the kernel: an
+// nftables rule on every veth drops 1 % of the RoCE packets.
+func TestLabKernelLoss(t *testing.T) {
+	p := prefix(t)
+	if _, err := exec.LookPath("nft"); err != nil {
+		t.Skip("needs nft (nftables); scripts/setup installs it")
+	}
+	var out strings.Builder
+	if _, err := Run(context.Background(), Options{Prefix: p, Hosts: 2, Offload: true, Frames: 2000, RDMA: 32 << 20, KernelLoss: 1, Out: &out}); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "SHA-256 identical") || !strings.Contains(out.String(), "dropped by the kernels") {
+		t.Fatalf("table:\n%s", out.String())
+	}
+	t.Logf("\n%s", out.String())
 }
 
 // TestLabPcap: --pcap records the frames of both directions, and every

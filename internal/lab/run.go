@@ -35,9 +35,12 @@ type Options struct {
 	Offload bool   // UDP GSO super-frames on the TAPs
 	Frames  int    // RoCE frames per direction in the exchange
 	RDMA    int    // bytes moved by RDMA WRITE and read back by READ (0: 64 MiB; <0: none)
-	Prefix  string // namespace name prefix (default DefaultPrefix)
-	Out     io.Writer
-	Logger  *slog.Logger
+	// KernelLoss makes the kernels drop this percentage of the RoCE
+	// packets arriving on each host's veth (an nftables rule).
+	KernelLoss int
+	Prefix     string // namespace name prefix (default DefaultPrefix)
+	Out        io.Writer
+	Logger     *slog.Logger
 }
 
 // Step is one line of the result table.
@@ -103,6 +106,13 @@ func Run(ctx context.Context, o Options) ([]Step, error) {
 	defer l.Close()
 	steps[0].Detail = fmt.Sprintf("%d namespaces, veth+bridge, TAP per host, MTU %d, super-frames %v", o.Hosts, l.MTU, l.Hosts[0].Port.Device().(*tap.Tap).Offloaded())
 
+	if o.KernelLoss > 0 {
+		if err := l.kernelLoss(o.KernelLoss); err != nil {
+			steps = append(steps, Step{Name: "kernel loss (nftables)", Detail: err.Error()})
+			printSteps(o.Out, steps)
+			return steps, ErrFailed
+		}
+	}
 	steps = append(steps, l.Checks(ctx)...)
 	n := len(l.Hosts)
 	for i, src := range l.Hosts {
@@ -117,6 +127,15 @@ func Run(ctx context.Context, o Options) ([]Step, error) {
 	}
 	if spec.Enabled() {
 		steps = append(steps, impairStep(l, spec))
+	}
+	if o.KernelLoss > 0 {
+		n, err := l.kernelDropped()
+		s := Step{Name: fmt.Sprintf("kernel loss %d%% (nftables on the veths)", o.KernelLoss), OK: err == nil && n > 0,
+			Detail: fmt.Sprintf("%d RoCE packets dropped by the kernels", n)}
+		if err != nil {
+			s.Detail = err.Error()
+		}
+		steps = append(steps, s)
 	}
 	printSteps(o.Out, steps)
 	failed := false
