@@ -90,6 +90,22 @@ func TestReadUnblocksOnClose(t *testing.T) {
 	}
 }
 
+// TestMultiQueue opens a TAP with IFF_MULTI_QUEUE and moves a frame
+// through it.
+func TestMultiQueue(t *testing.T) {
+	_, path := testnet.Namespace(t)
+	dev, err := Create(Config{Name: "mq0", Netns: path, MultiQueue: true, Offload: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	frame := make([]byte, Headroom+60)
+	copy(frame[Headroom:], []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0, 0, 1, 0x88, 0xB5})
+	if n, err := dev.Write([][]byte{frame}, Headroom); n != 1 || err != nil {
+		t.Fatalf("Write = %d, %v", n, err)
+	}
+}
+
 func TestCreateErrors(t *testing.T) {
 	testnet.RequireRoot(t)
 	if _, err := Create(Config{Name: ""}); err == nil {
