@@ -34,7 +34,6 @@ type Memory struct {
 // Errors of memory registration.
 var (
 	ErrInvalidMR = errors.New("transport: invalid memory region")
-	ErrBusy      = errors.New("transport: resource busy")
 )
 
 // NewPD allocates a protection domain.

@@ -9,14 +9,6 @@ import (
 	"github.com/taproce/taproce/appliance/roce"
 )
 
-type wqeState uint8
-
-const (
-	wqePosted wqeState = iota // posted, not all packets sent
-	wqeSent                   // every packet sent, waiting for the acknowledgement
-	wqeDone                   // completed
-)
-
 // maxSGE is the most scatter/gather elements of one work request.
 const maxSGE = 8
 
@@ -27,9 +19,8 @@ type sendWQE struct {
 	length   uint32
 	firstPSN roce.PSN
 	lastPSN  roce.PSN
-	assigned bool // PSNs assigned
-	counted  bool // counted against max_rd_atomic
-	state    wqeState
+	assigned bool   // PSNs assigned
+	counted  bool   // counted against max_rd_atomic
 	resp     uint32 // READ: response bytes received
 	fail     Status // a local error found while sending, reported in order
 	filled   bool   // READ or atomic: its response has arrived whole
@@ -380,7 +371,6 @@ func (qp *QP) completeSend(w *sendWQE, status Status) {
 		qp.rdAtomicOut--
 		w.counted = false
 	}
-	w.state = wqeDone
 	if status != WCSuccess || w.wr.Flags&SendSignaled != 0 {
 		wc := WC{ID: w.wr.ID, Status: status, Opcode: wcOpcodeOf(w.wr.Opcode), QPNum: qp.num}
 		if status == WCSuccess && (w.wr.Opcode == OpRead || w.wr.Opcode.isAtomic()) {

@@ -99,7 +99,6 @@ func (qp *QP) failWQE(w *sendWQE, st Status) {
 		return
 	}
 	w.fail = st
-	w.state = wqeSent
 	qp.sqNext++
 	qp.reqOff = 0
 	qp.state = StateSQE // the send queue stops; the completer finishes the job
@@ -207,9 +206,9 @@ func (qp *QP) sendReadOrAtomic(w *sendWQE) {
 	qp.buildAndSend(p, nil, nil, 0, 0)
 }
 
-// finishSent marks w as fully sent and moves on to the next WQE.
-func (qp *QP) finishSent(w *sendWQE) {
-	w.state = wqeSent
+// finishSent moves on from w, all of whose packets are sent, to the next
+// WQE.
+func (qp *QP) finishSent(*sendWQE) {
 	qp.sqNext++
 	qp.reqOff = 0
 }
@@ -275,11 +274,6 @@ func (qp *QP) rewind(psn roce.PSN) {
 			case w.wr.Opcode.isAtomic():
 			default:
 				qp.reqOff = uint32(psn.Diff(w.firstPSN)) * uint32(qp.pmtu)
-			}
-			for j := i; j < qp.sqTl; j++ {
-				if v := &qp.sq[j%uint64(len(qp.sq))]; v.state == wqeSent {
-					v.state = wqePosted
-				}
 			}
 			qp.psn = psn
 			qp.noAckPkts = 0

@@ -137,7 +137,7 @@ func (s *sim) dump() string {
 				qp.num, qp.state, qp.sqHead, qp.sqNext, qp.sqTl, qp.reqOff, qp.psn, qp.sentTo, qp.acked, qp.ePSN, qp.msn, qp.rdAtomicOut, qp.inMsg, qp.retryAt.Sub(s.clock.now), qp.rnrAt)
 			if qp.sqHead < qp.sqTl {
 				w := &qp.sq[qp.sqHead%uint64(len(qp.sq))]
-				fmt.Fprintf(&b, "    head wqe %v len %d psn %d..%d state %d resp %d\n", w.wr.Opcode, w.length, w.firstPSN, w.lastPSN, w.state, w.resp)
+				fmt.Fprintf(&b, "    head wqe %v len %d psn %d..%d filled %v resp %d\n", w.wr.Opcode, w.length, w.firstPSN, w.lastPSN, w.filled, w.resp)
 			}
 		}
 	}
