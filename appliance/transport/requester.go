@@ -138,7 +138,7 @@ func (qp *QP) sendRC(w *sendWQE) bool {
 			qp.sendReadOrAtomic(w)
 		}
 		qp.psn = w.lastPSN.Next()
-		qp.finishSent(w)
+		qp.finishSent()
 		return true
 	}
 	p := &qp.tmpl
@@ -177,7 +177,7 @@ func (qp *QP) sendRC(w *sendWQE) bool {
 		qp.buildAndSend(p, &qp.scratch, inline, off, n)
 		qp.psn = p.BTH.PSN.Next()
 		if last {
-			qp.finishSent(w)
+			qp.finishSent()
 			return true
 		}
 		qp.reqOff = off + n
@@ -206,9 +206,9 @@ func (qp *QP) sendReadOrAtomic(w *sendWQE) {
 	qp.buildAndSend(p, nil, nil, 0, 0)
 }
 
-// finishSent moves on from w, all of whose packets are sent, to the next
+// finishSent moves on from the WQE whose packets are all sent to the next
 // WQE.
-func (qp *QP) finishSent(*sendWQE) {
+func (qp *QP) finishSent() {
 	qp.sqNext++
 	qp.reqOff = 0
 }
