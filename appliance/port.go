@@ -282,8 +282,23 @@ func (p *Port) writeCtlLocked(frame []byte) {
 	p.txBytes.Add(uint64(n))
 }
 
+// frameReader is a device that hands out frames in place (tap.Tap).
+type frameReader interface {
+	ReadEach(fn func(frame []byte)) (int, error)
+}
+
 func (p *Port) readLoop() {
 	defer p.wg.Done()
+	if fr, ok := p.dev.(frameReader); ok {
+		onFrame := p.onFrame
+		for {
+			if _, err := fr.ReadEach(onFrame); err != nil {
+				if p.readFailed(err) {
+					return
+				}
+			}
+		}
+	}
 	batch := p.dev.BatchSize()
 	bufs := make([][]byte, batch)
 	sizes := make([]int, batch)
@@ -293,32 +308,43 @@ func (p *Port) readLoop() {
 	for {
 		n, err := p.dev.Read(bufs, sizes, tap.Headroom)
 		for i := 0; i < n; i++ {
-			frame := bufs[i][tap.Headroom : tap.Headroom+sizes[i]]
-			p.rxFrames.Add(1)
-			p.rxBytes.Add(uint64(len(frame)))
-			if p.cfg.Capture != nil {
-				_ = p.cfg.Capture.WriteFrame(time.Now(), frame)
-			}
-			p.ingressMu.Lock()
-			if p.ingress != nil {
-				p.ingress.Apply(frame, time.Now(), p.deliverLocked)
-			} else {
-				p.deliverLocked(frame)
-			}
-			p.ingressMu.Unlock()
+			p.onFrame(bufs[i][tap.Headroom : tap.Headroom+sizes[i]])
 		}
-		if err != nil {
-			if errors.Is(err, tap.ErrClosed) {
-				return
-			}
-			select {
-			case <-p.done:
-				return
-			default:
-			}
-			p.log.Warn("read failed", "err", err)
+		if err != nil && p.readFailed(err) {
+			return
 		}
 	}
+}
+
+// onFrame takes one frame off the wire: counted, captured, impaired, then
+// to the station and the handler.
+func (p *Port) onFrame(frame []byte) {
+	p.rxFrames.Add(1)
+	p.rxBytes.Add(uint64(len(frame)))
+	if p.cfg.Capture != nil {
+		_ = p.cfg.Capture.WriteFrame(time.Now(), frame)
+	}
+	p.ingressMu.Lock()
+	if p.ingress != nil {
+		p.ingress.Apply(frame, time.Now(), p.deliverLocked)
+	} else {
+		p.deliverLocked(frame)
+	}
+	p.ingressMu.Unlock()
+}
+
+// readFailed logs a read error and reports whether the reader must stop.
+func (p *Port) readFailed(err error) bool {
+	if errors.Is(err, tap.ErrClosed) {
+		return true
+	}
+	select {
+	case <-p.done:
+		return true
+	default:
+	}
+	p.log.Warn("read failed", "err", err)
+	return false
 }
 
 // deliverLocked passes one received frame to the station and, when it is a

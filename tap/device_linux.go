@@ -6,6 +6,8 @@ import (
 	"net"
 	"os"
 	"sync"
+	"syscall"
+	"unsafe"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -44,8 +46,14 @@ type Tap struct {
 	offloaded bool
 
 	wmu   sync.Mutex
-	super []byte   // coalesced super-frame, with headroom
+	super []byte   // virtio-net header and headers of a super-frame
 	one   [][]byte // scratch for single-frame writes
+	raw   syscall.RawConn
+	iov   []unix.Iovec // writev: the headers, then each frame's payload
+	iovN  int
+	wvN   int
+	wvErr syscall.Errno
+	wvFn  func(uintptr) bool
 
 	rmu  sync.Mutex
 	rbuf []byte // whole read, header included, when offloaded
@@ -96,9 +104,15 @@ func open(cfg Config) (*Tap, error) {
 			const offloads = unix.TUN_F_CSUM | unix.TUN_F_USO4 | unix.TUN_F_USO6
 			if err = unix.IoctlSetInt(int(t.file.Fd()), unix.TUNSETOFFLOAD, offloads); err == nil {
 				t.offloaded = true
-				t.super = make([]byte, Headroom+maxSuper)
+				t.super = make([]byte, Headroom+256)
 				t.rbuf = make([]byte, Headroom+maxSuper)
-				return t, nil
+				t.iov = make([]unix.Iovec, 1+maxSegments)
+				t.wvFn = t.writev
+				if t.raw, err = t.file.SyscallConn(); err == nil {
+					return t, nil
+				}
+				t.file.Close()
+				return nil, fmt.Errorf("tap: %w", err)
 			}
 			t.file.Close()
 		}
@@ -216,6 +230,37 @@ func (t *Tap) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 	return SplitUSO(&h, t.rbuf[VirtioNetHdrLen:n], bufs, sizes, offset)
 }
 
+// ReadEach reads once and hands fn every frame of what it read — the
+// datagrams of a UDP GSO super-frame cut in place (SplitUSOEach), with no
+// copy. fn must not keep the slice. Without offloads it reads one frame.
+func (t *Tap) ReadEach(fn func(frame []byte)) (int, error) {
+	t.rmu.Lock()
+	defer t.rmu.Unlock()
+	if !t.offloaded {
+		if t.rbuf == nil {
+			t.rbuf = make([]byte, maxSuper)
+		}
+		n, err := t.file.Read(t.rbuf)
+		if err != nil {
+			return 0, mapClosed(err)
+		}
+		fn(t.rbuf[:n])
+		return 1, nil
+	}
+	n, err := t.file.Read(t.rbuf)
+	if err != nil {
+		return 0, mapClosed(err)
+	}
+	if n < VirtioNetHdrLen {
+		return 0, fmt.Errorf("tap: read %d bytes, shorter than the virtio-net header", n)
+	}
+	var h VirtioNetHdr
+	if err := h.Decode(t.rbuf[:VirtioNetHdrLen]); err != nil {
+		return 0, err
+	}
+	return SplitUSOEach(&h, t.rbuf[VirtioNetHdrLen:n], fn)
+}
+
 // Write implements Device. With offloads, runs of RoCE frames of one flow
 // (equal sizes, consecutive IP IDs) go out as one UDP GSO super-frame each,
 // every other frame with an empty virtio-net header; without, one frame
@@ -253,17 +298,43 @@ func (t *Tap) Write(bufs [][]byte, offset int) (int, error) {
 			written++
 			continue
 		}
-		n, h, err := Coalesce(t.super[VirtioNetHdrLen:], frames[:k])
+		// One writev: the virtio-net header and the super-frame's headers,
+		// then the payload of each frame where it lies — no copy.
+		hl, h, err := CoalesceHeader(t.super[VirtioNetHdrLen:], frames[:k])
 		if err != nil {
 			return written, err
 		}
 		h.Encode(t.super[:VirtioNetHdrLen])
-		if _, err := t.file.Write(t.super[:VirtioNetHdrLen+n]); err != nil {
+		t.iov[0].Base = &t.super[0]
+		t.iov[0].SetLen(VirtioNetHdrLen + hl)
+		t.iovN = 1
+		for _, f := range frames[:k] {
+			if len(f) > hl {
+				t.iov[t.iovN].Base = &f[hl]
+				t.iov[t.iovN].SetLen(len(f) - hl)
+				t.iovN++
+			}
+		}
+		if err := t.raw.Write(t.wvFn); err != nil {
 			return written, mapClosed(err)
+		}
+		if t.wvErr != 0 {
+			return written, fmt.Errorf("tap: writev: %w", t.wvErr)
 		}
 		written += k
 	}
 	return written, nil
+}
+
+// writev is the raw write of a gathered super-frame; it returns false to
+// wait for the device to take more (EAGAIN).
+func (t *Tap) writev(fd uintptr) bool {
+	n, _, e := unix.Syscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&t.iov[0])), uintptr(t.iovN))
+	if e == unix.EAGAIN {
+		return false
+	}
+	t.wvN, t.wvErr = int(n), e
+	return true
 }
 
 // maxSegments bounds the datagrams of one super-frame we write (older

@@ -534,10 +534,43 @@ func Coalesce(dst []byte, frames [][]byte) (n int, h VirtioNetHdr, err error) {
 		return 0, VirtioNetHdr{}, ErrShortBuffer
 	}
 	dst = dst[:n]
-	off := copy(dst, frames[0][:hl])
+	off := hl
 	for _, f := range frames {
 		off += copy(dst[off:], f[hl:])
 	}
+	h = coalesceHeader(dst[:hl], frames[0], v6, seg, total)
+	return n, h, nil
+}
+
+// CoalesceHeader is Coalesce without the payloads: it writes into dst only
+// the headers of the super-frame (their length is returned) for a writer
+// that gathers the payloads from the frames themselves (writev), and
+// returns the virtio-net header that describes it.
+func CoalesceHeader(dst []byte, frames [][]byte) (hl int, h VirtioNetHdr, err error) {
+	if len(frames) < 2 {
+		return 0, VirtioNetHdr{}, ErrNotCoalescable
+	}
+	k, hl, v6, seg, total, tooLarge := vnetRun(frames, len(frames))
+	switch {
+	case k < len(frames) && tooLarge:
+		return 0, VirtioNetHdr{}, ErrSuperFrameTooLarge
+	case k < len(frames):
+		return 0, VirtioNetHdr{}, ErrNotCoalescable
+	case k > MaxGSOSegments:
+		return 0, VirtioNetHdr{}, ErrSuperFrameTooLarge
+	}
+	if len(dst) < hl {
+		return 0, VirtioNetHdr{}, ErrShortBuffer
+	}
+	return hl, coalesceHeader(dst[:hl], frames[0], v6, seg, total), nil
+}
+
+// coalesceHeader writes into dst (hl bytes) the first frame's headers with
+// the lengths and checksums of a super-frame of total payload bytes in
+// segments of seg.
+func coalesceHeader(dst, first []byte, v6 bool, seg, total int) VirtioNetHdr {
+	hl := len(dst)
+	copy(dst, first[:hl])
 
 	l4 := hl - vnetUDPLen
 	udpLen := uint16(vnetUDPLen + total)
@@ -554,7 +587,7 @@ func Coalesce(dst []byte, frames [][]byte) (n int, h VirtioNetHdr, err error) {
 	}
 	binary.BigEndian.PutUint16(dst[l4+4:], udpLen)
 	binary.BigEndian.PutUint16(dst[l4+vnetUDPCsumOffset:], vnetFold(pseudo))
-	h = VirtioNetHdr{
+	return VirtioNetHdr{
 		Flags:      VirtioNetHdrFNeedsCsum,
 		GSOType:    VirtioNetHdrGSOUDPL4,
 		HdrLen:     uint16(hl),
@@ -562,5 +595,59 @@ func Coalesce(dst []byte, frames [][]byte) (n int, h VirtioNetHdr, err error) {
 		CsumStart:  uint16(l4),
 		CsumOffset: vnetUDPCsumOffset,
 	}
-	return n, h, nil
+}
+
+// SplitUSOEach cuts a read like SplitUSO but without copying: it hands fn
+// each datagram as a frame inside frame itself, writing each datagram's
+// headers over the last bytes of the one before, which fn has had by
+// then. fn must not keep the slice. It returns how many datagrams it
+// delivered.
+func SplitUSOEach(h *VirtioNetHdr, frame []byte, fn func(seg []byte)) (int, error) {
+	if h == nil || h.GSOType == VirtioNetHdrGSONone {
+		fn(frame)
+		return 1, nil
+	}
+	if h.GSOType != VirtioNetHdrGSOUDPL4 {
+		return 0, ErrGSOType
+	}
+	gsoSize := int(h.GSOSize)
+	if gsoSize == 0 {
+		return 0, ErrGSOSizeZero
+	}
+	hl, v6, err := vnetParseUDP(frame)
+	if err != nil {
+		return 0, err
+	}
+	var saved [vnetEthLen + vnetIPv6Len + vnetUDPLen]byte
+	hdr := saved[:copy(saved[:], frame[:hl])]
+	l4 := hl - vnetUDPLen
+	var base uint32
+	var id uint16
+	if !v6 {
+		ip := hdr[vnetEthLen:l4]
+		base = vnetSum(vnetSum(vnetSum(0, ip[0:2]), ip[6:10]), ip[12:20])
+		id = binary.BigEndian.Uint16(ip[4:6])
+	}
+	n := 0
+	for start := hl; start < len(frame) || n == 0; start += gsoSize {
+		end := min(start+gsoSize, len(frame))
+		seg := frame[start-hl : end]
+		copy(seg, hdr)
+		udpLen := uint16(vnetUDPLen + end - start)
+		if v6 {
+			binary.BigEndian.PutUint16(seg[vnetEthLen+4:], udpLen)
+		} else {
+			ip := seg[vnetEthLen:l4]
+			tot := vnetIPv4Len + udpLen
+			segID := id + uint16(n)
+			binary.BigEndian.PutUint16(ip[2:4], tot)
+			binary.BigEndian.PutUint16(ip[4:6], segID)
+			binary.BigEndian.PutUint16(ip[10:12], ^vnetFold(base+uint32(tot)+uint32(segID)))
+		}
+		binary.BigEndian.PutUint16(seg[l4+4:], udpLen)
+		binary.BigEndian.PutUint16(seg[l4+vnetUDPCsumOffset:], 0)
+		fn(seg)
+		n++
+	}
+	return n, nil
 }
