@@ -32,8 +32,8 @@ func (qp *QP) complete(frame []byte, p *roce.Packet) {
 		case roce.SyndromeRNRNAK:
 			qp.e.stats.rnrReceived.Add(1)
 			qp.ackUpTo(psn.Add(-1))
-			if qp.state == StateErr {
-				return
+			if qp.state == StateErr || psn.Diff(qp.acked) <= 0 {
+				return // an RNR NAK for what is acknowledged: stale
 			}
 			if qp.rnrLeft == 0 {
 				qp.toError(WCRNRRetryExcErr, true)
@@ -44,13 +44,16 @@ func (qp *QP) complete(frame []byte, p *roce.Packet) {
 			}
 			qp.rewind(psn)
 			qp.rnrAt = qp.e.cfg.Now().Add(RNRDelay(syn.Value()))
-			qp.retryAt = qp.rnrAt.Add(timeoutDuration(qp.attr.Timeout))
+			qp.retryAt = time.Time{}
+			if d := timeoutDuration(qp.attr.Timeout); d != 0 {
+				qp.retryAt = qp.rnrAt.Add(d)
+			}
 			return
 		case roce.SyndromeNAK:
 			qp.e.stats.naksReceived.Add(1)
 			progress = qp.ackUpTo(psn.Add(-1))
-			if qp.state == StateErr {
-				return
+			if qp.state == StateErr || psn.Diff(qp.acked) <= 0 {
+				return // a NAK for what is acknowledged: stale (rxe check_psn)
 			}
 			switch syn.Value() {
 			case roce.NAKPSNSequenceError:
@@ -87,7 +90,7 @@ func (qp *QP) complete(frame []byte, p *roce.Packet) {
 		return
 	}
 	if progress {
-		qp.retryLeft = qp.attr.RetryCnt
+		qp.retryLeft, qp.rnrLeft = qp.attr.RetryCnt, qp.attr.RNRRetry
 		qp.retryAt = time.Time{}
 		qp.armRetry()
 	}
@@ -112,13 +115,13 @@ func (qp *QP) ackUpTo(psn roce.PSN) bool {
 // back: only it is asked for again (IBA 9.7.5.1.1, implicit NAK).
 func (qp *QP) completeInOrder() bool {
 	done := false
-	for qp.sqHead < qp.sqNext {
+	for qp.sqHead < qp.sqTl {
 		w := &qp.sq[qp.sqHead%uint64(len(qp.sq))]
 		if w.fail != 0 {
 			qp.toError(w.fail, true)
 			return done
 		}
-		if !w.assigned {
+		if qp.sqHead >= qp.sqNext || !w.assigned {
 			break
 		}
 		if w.wr.Opcode == OpRead || w.wr.Opcode.isAtomic() {

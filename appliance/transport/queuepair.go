@@ -158,6 +158,12 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	}
 	if mask&AttrMaxDestRdAtomic != 0 {
 		a.MaxDestRdAtomic = attr.MaxDestRdAtomic
+		// The responder remembers that many READs and atomics for
+		// duplicates (IBA 9.7.4.1.4.1), and no fewer than 16.
+		if n := max(16, int(attr.MaxDestRdAtomic)); n > len(qp.cache) {
+			qp.cache = make([]respEntry, n)
+			qp.cacheN = 0
+		}
 	}
 	if mask&AttrMinRNRTimer != 0 {
 		a.MinRNRTimer = attr.MinRNRTimer & 31
@@ -311,6 +317,16 @@ func (qp *QP) checkSendWR(wr *SendWR) error {
 	}
 	if wr.Flags&SendInline != 0 && len(wr.Inline) > max(qp.cfg.MaxInline, 0) {
 		return fmt.Errorf("%w: %d inline bytes, at most %d", ErrInvalid, len(wr.Inline), qp.cfg.MaxInline)
+	}
+	if wr.Flags&SendInline != 0 && (wr.Opcode == OpRead || wr.Opcode.isAtomic()) {
+		return fmt.Errorf("%w: inline data on %v", ErrInvalid, wr.Opcode)
+	}
+	var total uint64
+	for _, s := range wr.SGL {
+		total += uint64(s.Length)
+	}
+	if total > MaxMessage {
+		return fmt.Errorf("%w: message of %d bytes, at most %d", ErrInvalid, total, uint64(MaxMessage))
 	}
 	switch qp.cfg.Type {
 	case UD:
@@ -473,3 +489,7 @@ func (qp *QP) armRetry() {
 // original value lands in memory.
 func putUint64(b []byte, v uint64) { binary.LittleEndian.PutUint64(b, v) }
 func getUint64(b []byte) uint64    { return binary.LittleEndian.Uint64(b) }
+
+// MaxMessage is the largest message, as rxe has it (RXE_MAX_MSG_SIZE):
+// 2 GiB, which keeps a READ's PSNs within half the PSN space.
+const MaxMessage = 1 << 31

@@ -55,10 +55,13 @@ func (qp *QP) inflight() int { return qp.psn.Diff(qp.acked.Next()) }
 // drive sends what the send queue holds, as far as the window, the
 // max_rd_atomic limit and an RNR wait allow.
 func (qp *QP) drive() {
-	if qp.state != StateRTS || !qp.rnrAt.IsZero() {
+	if qp.state != StateRTS && qp.state != StateSQE || !qp.rnrAt.IsZero() {
 		return
 	}
 	for qp.sqNext < qp.sqTl {
+		if qp.sq[qp.sqNext%uint64(len(qp.sq))].fail != 0 {
+			break
+		}
 		if qp.cfg.Type == RC && qp.inflight() >= maxInflight {
 			break
 		}
@@ -150,7 +153,7 @@ func (qp *QP) sendRC(w *sendWQE) bool {
 		inline = w.inline
 	}
 	for {
-		if qp.inflight() >= maxInflight {
+		if qp.cfg.Type == RC && qp.inflight() >= maxInflight {
 			return false
 		}
 		off := qp.reqOff
@@ -158,6 +161,9 @@ func (qp *QP) sendRC(w *sendWQE) bool {
 		first, last := off == 0, off+n >= w.length
 		p.BTH.PSN = w.firstPSN.Add(int(off / pmtu))
 		p.BTH.Opcode = rcOpcode(op, first, last)
+		if qp.cfg.Type == UC {
+			p.BTH.Opcode |= roce.TransportUC
+		}
 		info := p.BTH.Opcode.Info()
 		if info.Has(roce.HasRETH) {
 			p.RETH = roce.RETHFields{VA: w.wr.RemoteAddr, RKey: w.wr.RKey, DMALen: w.length}
@@ -170,7 +176,7 @@ func (qp *QP) sendRC(w *sendWQE) bool {
 		}
 		p.BTH.SolicitedEvent = last && w.wr.Flags&SendSolicited != 0
 		qp.noAckPkts++
-		p.BTH.AckReq = last || qp.noAckPkts >= maxPktsPerAck
+		p.BTH.AckReq = qp.cfg.Type == RC && (last || qp.noAckPkts >= maxPktsPerAck)
 		if p.BTH.AckReq {
 			qp.noAckPkts = 0
 		}
@@ -178,6 +184,9 @@ func (qp *QP) sendRC(w *sendWQE) bool {
 		qp.psn = p.BTH.PSN.Next()
 		if last {
 			qp.finishSent()
+			if qp.cfg.Type == UC {
+				qp.completeSend(w, WCSuccess)
+			}
 			return true
 		}
 		qp.reqOff = off + n

@@ -165,6 +165,11 @@ func (qp *QP) sendSeqNAK() {
 // connection (invalid request, remote access or operational error),
 // moves the QP to the error state (IBA 9.9.3.1.3).
 func (qp *QP) nak(code uint8) {
+	if qp.cfg.Type == UC { // UC: drop the message silently (rxe drop_msg)
+		qp.inMsg = false
+		qp.e.stats.dropped.Add(1)
+		return
+	}
 	qp.e.stats.naksSent.Add(1)
 	if qp.cfg.Type == RC {
 		qp.sendAck(qp.ePSN, roce.SyndromeNAK|roce.Syndrome(code))
@@ -199,6 +204,11 @@ func (qp *QP) recvHead() *recvWQE {
 // rnr answers a request that needs a receive WQE when there is none: an
 // RNR NAK with the QP's min_rnr_timer; the PSN is not consumed.
 func (qp *QP) rnr() {
+	if qp.cfg.Type == UC {
+		qp.inMsg = false
+		qp.e.stats.dropped.Add(1)
+		return
+	}
 	qp.e.stats.rnrSent.Add(1)
 	qp.sendAck(qp.ePSN, roce.SyndromeRNRNAK|roce.Syndrome(qp.attr.MinRNRTimer&31))
 }
@@ -265,7 +275,7 @@ func (qp *QP) sendOrWrite(frame []byte, p *roce.Packet) {
 		qp.msn++
 		if needRecv {
 			w := qp.recvHead()
-			wc := WC{ID: w.id, Status: WCSuccess, Opcode: WCRecv, ByteLen: qp.msgOff, QPNum: qp.num, SrcQP: qp.attr.DestQPN}
+			wc := WC{ID: w.id, Status: WCSuccess, Opcode: WCRecv, ByteLen: qp.msgOff, QPNum: qp.num}
 			if !isSend {
 				wc.Opcode = WCRecvRDMAImm
 			}
@@ -343,7 +353,11 @@ func (qp *QP) read(p *roce.Packet, psn roce.PSN, fresh bool) {
 // original value.
 func (qp *QP) atomic(p *roce.Packet) {
 	a := &p.AtomicETH
-	if qp.attr.Access&AccessRemoteAtomic == 0 || a.VA%8 != 0 {
+	if a.VA%8 != 0 {
+		qp.nak(roce.NAKInvalidRequest) // rxe: misaligned atomic, class C
+		return
+	}
+	if qp.attr.Access&AccessRemoteAtomic == 0 {
 		qp.nak(roce.NAKRemoteAccessError)
 		return
 	}

@@ -161,6 +161,7 @@ type connOpts struct {
 	psnA, psnB          roce.PSN
 	size                int
 	access              Access
+	rd                  uint8 // max_rd_atomic and max_dest_rd_atomic (16)
 }
 
 func (s *sim) connect(o connOpts) *conn {
@@ -173,6 +174,9 @@ func (s *sim) connect(o connOpts) *conn {
 	}
 	if o.size == 0 {
 		o.size = 1 << 20
+	}
+	if o.rd == 0 {
+		o.rd = 16
 	}
 	if o.access == 0 {
 		o.access = AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic
@@ -197,9 +201,9 @@ func (s *sim) connect(o connOpts) *conn {
 	up := func(qp *QP, peer *simPort, dqpn uint32, rq, sq roce.PSN) {
 		must(s.t, qp.Modify(&QPAttr{State: StateInit, Port: 1, Access: o.access}, AttrState|AttrPKeyIndex|AttrPort|AttrAccessFlags))
 		must(s.t, qp.Modify(&QPAttr{State: StateRTR, AV: AddressVector{DstIP: peer.ip, DstMAC: peer.mac, SGIDIndex: 1},
-			PathMTU: o.pmtu, DestQPN: dqpn, RQPSN: rq, MaxDestRdAtomic: 16, MinRNRTimer: 1},
+			PathMTU: o.pmtu, DestQPN: dqpn, RQPSN: rq, MaxDestRdAtomic: o.rd, MinRNRTimer: 1},
 			AttrState|AttrAV|AttrPathMTU|AttrDestQPN|AttrRQPSN|AttrMaxDestRdAtomic|AttrMinRNRTimer))
-		must(s.t, qp.Modify(&QPAttr{State: StateRTS, SQPSN: sq, Timeout: o.timeout, RetryCnt: o.retry, RNRRetry: o.rnr, MaxRdAtomic: 16},
+		must(s.t, qp.Modify(&QPAttr{State: StateRTS, SQPSN: sq, Timeout: o.timeout, RetryCnt: o.retry, RNRRetry: o.rnr, MaxRdAtomic: o.rd},
 			AttrState|AttrSQPSN|AttrTimeout|AttrRetryCnt|AttrRNRRetry|AttrMaxQPRdAtomic))
 	}
 	up(c.qa, s.b, c.qb.Num(), o.psnB, o.psnA)

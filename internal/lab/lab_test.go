@@ -208,6 +208,25 @@ func TestLabKernelLoss(t *testing.T) {
 	t.Logf("\n%s", out.String())
 }
 
+// TestLabRDMAImpaired moves 256 MiB by RDMA WRITE and reads it back by
+// RDMA READ under loss, reordering, duplication and corruption on every
+// port in both directions: the checksums must match and the run exit 0.
+func TestLabRDMAImpaired(t *testing.T) {
+	if testing.Short() {
+		t.Skip("moves 256 MiB over an impaired link; skipped with -short")
+	}
+	p := prefix(t)
+	var out strings.Builder
+	if _, err := Run(context.Background(), Options{Prefix: p, Hosts: 2, Offload: true, Frames: 2000, RDMA: 256 << 20,
+		Impair: "loss=1%,reorder=5%,duplicate=1%,corrupt=0.1%", Out: &out}); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "RDMA WRITE 256 MiB, READ it back") || !strings.Contains(out.String(), "SHA-256 identical") {
+		t.Fatalf("table:\n%s", out.String())
+	}
+	t.Logf("\n%s", out.String())
+}
+
 // TestLabPcap: --pcap records the frames of both directions, and every
 // RoCE frame in it is well formed.
 func TestLabPcap(t *testing.T) {
