@@ -281,6 +281,8 @@ func (p *Packet) Encode(b []byte) (int, error) {
 	// IP, UDP and BTH go first and with the ICRC's masked fields set to
 	// 1s, so that the CRC can run over the frame as it stands; the real
 	// values follow once it has.
+	var src4, dst4 [4]byte
+	var flags uint32
 	if p.IPv6 {
 		h := b[EthernetLen:l4]
 		src, dst := p.Src.As16(), p.Dst.As16()
@@ -290,16 +292,15 @@ func (p *Packet) Encode(b []byte) (int, error) {
 		*(*[16]byte)(h[24:40]) = dst
 	} else {
 		h := b[EthernetLen:l4]
-		src, dst := p.Src.As4(), p.Dst.As4()
+		src4, dst4 = p.Src.As4(), p.Dst.As4()
 		binary.BigEndian.PutUint32(h[0:4], 0x45FF<<16|uint32(IPv4Len+udpLen))
-		var flags uint32
 		if p.DontFragment {
 			flags = ipv4FlagDF
 		}
 		binary.BigEndian.PutUint32(h[4:8], uint32(p.ID)<<16|flags)
 		binary.BigEndian.PutUint32(h[8:12], 0xFF<<24|IPProtoUDP<<16|0xFFFF)
-		*(*[4]byte)(h[12:16]) = src
-		*(*[4]byte)(h[16:20]) = dst
+		*(*[4]byte)(h[12:16]) = src4
+		*(*[4]byte)(h[16:20]) = dst4
 	}
 	binary.BigEndian.PutUint32(b[l4:], uint32(p.SrcPort)<<16|uint32(p.DstPort))
 	binary.BigEndian.PutUint32(b[l4+4:], uint32(udpLen)<<16|0xFFFF)
@@ -360,15 +361,10 @@ func (p *Packet) Encode(b []byte) (int, error) {
 		h[1], h[8] = p.TOS, p.TTL
 		// From the field values, not by reading back the header just
 		// written: such loads would wait for the stores to drain.
-		src, dst := p.Src.As4(), p.Dst.As4()
-		var flags uint32
-		if p.DontFragment {
-			flags = ipv4FlagDF
-		}
 		sum := (0x45<<8 | uint32(p.TOS)) + uint32(IPv4Len+udpLen) + uint32(p.ID) + flags +
 			(uint32(p.TTL)<<8 | IPProtoUDP) +
-			(uint32(src[0])<<8 | uint32(src[1])) + (uint32(src[2])<<8 | uint32(src[3])) +
-			(uint32(dst[0])<<8 | uint32(dst[1])) + (uint32(dst[2])<<8 | uint32(dst[3]))
+			(uint32(src4[0])<<8 | uint32(src4[1])) + (uint32(src4[2])<<8 | uint32(src4[3])) +
+			(uint32(dst4[0])<<8 | uint32(dst4[1])) + (uint32(dst4[2])<<8 | uint32(dst4[3]))
 		sum = sum&0xFFFF + sum>>16
 		sum = sum&0xFFFF + sum>>16
 		h.SetChecksum(^uint16(sum))
