@@ -216,18 +216,28 @@ func (t *Tap) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 	}
 	t.rmu.Lock()
 	defer t.rmu.Unlock()
-	n, err := t.file.Read(t.rbuf)
+	h, frame, err := t.readOffloaded()
 	if err != nil {
-		return 0, mapClosed(err)
-	}
-	if n < VirtioNetHdrLen {
-		return 0, fmt.Errorf("tap: read %d bytes, shorter than the virtio-net header", n)
-	}
-	var h VirtioNetHdr
-	if err := h.Decode(t.rbuf[:VirtioNetHdrLen]); err != nil {
 		return 0, err
 	}
-	return SplitUSO(&h, t.rbuf[VirtioNetHdrLen:n], bufs, sizes, offset)
+	return SplitUSO(&h, frame, bufs, sizes, offset)
+}
+
+// readOffloaded reads one frame or super-frame with its virtio-net header
+// into rbuf. t.rmu is held.
+func (t *Tap) readOffloaded() (VirtioNetHdr, []byte, error) {
+	var h VirtioNetHdr
+	n, err := t.file.Read(t.rbuf)
+	if err != nil {
+		return h, nil, mapClosed(err)
+	}
+	if n < VirtioNetHdrLen {
+		return h, nil, fmt.Errorf("tap: read %d bytes, shorter than the virtio-net header", n)
+	}
+	if err := h.Decode(t.rbuf[:VirtioNetHdrLen]); err != nil {
+		return h, nil, err
+	}
+	return h, t.rbuf[VirtioNetHdrLen:n], nil
 }
 
 // ReadEach reads once and hands fn every frame of what it read — the
@@ -247,18 +257,11 @@ func (t *Tap) ReadEach(fn func(frame []byte)) (int, error) {
 		fn(t.rbuf[:n])
 		return 1, nil
 	}
-	n, err := t.file.Read(t.rbuf)
+	h, frame, err := t.readOffloaded()
 	if err != nil {
-		return 0, mapClosed(err)
-	}
-	if n < VirtioNetHdrLen {
-		return 0, fmt.Errorf("tap: read %d bytes, shorter than the virtio-net header", n)
-	}
-	var h VirtioNetHdr
-	if err := h.Decode(t.rbuf[:VirtioNetHdrLen]); err != nil {
 		return 0, err
 	}
-	return SplitUSOEach(&h, t.rbuf[VirtioNetHdrLen:n], fn)
+	return SplitUSOEach(&h, frame, fn)
 }
 
 // Write implements Device. With offloads, runs of RoCE frames of one flow

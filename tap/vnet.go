@@ -356,21 +356,8 @@ func SplitUSO(h *VirtioNetHdr, frame []byte, bufs [][]byte, sizes []int, offset 
 		chunk := payload[i*gsoSize:]
 		chunk = chunk[:min(gsoSize, len(chunk))]
 		seg := bufs[i][offset : offset+hl+len(chunk)]
-		copy(seg, hdr)
 		copy(seg[hl:], chunk)
-		udpLen := uint16(vnetUDPLen + len(chunk))
-		if v6 {
-			binary.BigEndian.PutUint16(seg[vnetEthLen+4:], udpLen)
-		} else {
-			ip := seg[vnetEthLen:l4]
-			tot := vnetIPv4Len + udpLen
-			segID := id + uint16(i)
-			binary.BigEndian.PutUint16(ip[2:4], tot)
-			binary.BigEndian.PutUint16(ip[4:6], segID)
-			binary.BigEndian.PutUint16(ip[10:12], ^vnetFold(base+uint32(tot)+uint32(segID)))
-		}
-		binary.BigEndian.PutUint16(seg[l4+4:], udpLen)
-		binary.BigEndian.PutUint16(seg[l4+vnetUDPCsumOffset:], 0)
+		segmentHeaders(seg, hdr, l4, v6, base, id+uint16(i))
 		sizes[i] = len(seg)
 	}
 	return segs, nil
@@ -632,22 +619,31 @@ func SplitUSOEach(h *VirtioNetHdr, frame []byte, fn func(seg []byte)) (int, erro
 	for start := hl; start < len(frame) || n == 0; start += gsoSize {
 		end := min(start+gsoSize, len(frame))
 		seg := frame[start-hl : end]
-		copy(seg, hdr)
-		udpLen := uint16(vnetUDPLen + end - start)
-		if v6 {
-			binary.BigEndian.PutUint16(seg[vnetEthLen+4:], udpLen)
-		} else {
-			ip := seg[vnetEthLen:l4]
-			tot := vnetIPv4Len + udpLen
-			segID := id + uint16(n)
-			binary.BigEndian.PutUint16(ip[2:4], tot)
-			binary.BigEndian.PutUint16(ip[4:6], segID)
-			binary.BigEndian.PutUint16(ip[10:12], ^vnetFold(base+uint32(tot)+uint32(segID)))
-		}
-		binary.BigEndian.PutUint16(seg[l4+4:], udpLen)
-		binary.BigEndian.PutUint16(seg[l4+vnetUDPCsumOffset:], 0)
+		segmentHeaders(seg, hdr, l4, v6, base, id+uint16(n))
 		fn(seg)
 		n++
 	}
 	return n, nil
+}
+
+// segmentHeaders writes into seg, whose payload is in place behind them,
+// the headers hdr of a super-frame made right for this one datagram, as
+// the kernel's UDP segmentation makes them: the UDP length; on IPv6 the
+// payload length; on IPv4 the total length, the datagram's ID and the
+// header checksum (base is the sum of the fields all segments share); the
+// UDP checksum 0, as rxe sends it and as the ICRC masks it.
+func segmentHeaders(seg, hdr []byte, l4 int, v6 bool, base uint32, id uint16) {
+	copy(seg, hdr)
+	udpLen := uint16(len(seg) - l4)
+	if v6 {
+		binary.BigEndian.PutUint16(seg[vnetEthLen+4:], udpLen)
+	} else {
+		ip := seg[vnetEthLen:l4]
+		tot := vnetIPv4Len + udpLen
+		binary.BigEndian.PutUint16(ip[2:4], tot)
+		binary.BigEndian.PutUint16(ip[4:6], id)
+		binary.BigEndian.PutUint16(ip[10:12], ^vnetFold(base+uint32(tot)+uint32(id)))
+	}
+	binary.BigEndian.PutUint16(seg[l4+4:], udpLen)
+	binary.BigEndian.PutUint16(seg[l4+vnetUDPCsumOffset:], 0)
 }

@@ -8,20 +8,27 @@ import (
 	"github.com/taproce/taproce/appliance/roce"
 )
 
+// runTemplate returns an RDMA WRITE MIDDLE packet of one flow, IPv4 or
+// IPv6, for building runs.
+func runTemplate(v6 bool) roce.Packet {
+	p := roce.Packet{
+		DstMAC: roce.MAC{2, 0, 0, 0, 0, 2}, SrcMAC: roce.MAC{2, 0, 0, 0, 0, 1}, TTL: 64, DontFragment: true,
+		Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"),
+		SrcPort: 0xC001, DstPort: roce.UDPPort,
+		BTH: roce.BTHFields{Opcode: roce.RCRDMAWriteMiddle, PKey: 0xFFFF, DestQP: 9},
+	}
+	if v6 {
+		p.IPv6, p.DontFragment = true, false
+		p.Src, p.Dst = netip.MustParseAddr("fd00::1"), netip.MustParseAddr("fd00::2")
+	}
+	return p
+}
+
 // TestCoalesceHeader: the header CoalesceHeader writes, followed by the
 // frames' payloads, is exactly what Coalesce builds.
 func TestCoalesceHeader(t *testing.T) {
 	for _, v6 := range []bool{false, true} {
-		p := roce.Packet{
-			DstMAC: roce.MAC{2, 0, 0, 0, 0, 2}, SrcMAC: roce.MAC{2, 0, 0, 0, 0, 1}, TTL: 64, DontFragment: true,
-			Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"),
-			SrcPort: 0xC001, DstPort: roce.UDPPort,
-			BTH: roce.BTHFields{Opcode: roce.RCRDMAWriteMiddle, PKey: 0xFFFF, DestQP: 9},
-		}
-		if v6 {
-			p.IPv6, p.DontFragment = true, false
-			p.Src, p.Dst = netip.MustParseAddr("fd00::1"), netip.MustParseAddr("fd00::2")
-		}
+		p := runTemplate(v6)
 		var frames [][]byte
 		for i := 0; i < 5; i++ {
 			p.ID, p.BTH.PSN = uint16(100+i), roce.PSN(i)
@@ -58,16 +65,7 @@ func TestCoalesceHeader(t *testing.T) {
 // TestSplitUSOEach: datagrams cut in place equal those SplitUSO copies out.
 func TestSplitUSOEach(t *testing.T) {
 	for _, v6 := range []bool{false, true} {
-		p := roce.Packet{
-			DstMAC: roce.MAC{2, 0, 0, 0, 0, 2}, SrcMAC: roce.MAC{2, 0, 0, 0, 0, 1}, TTL: 64, DontFragment: true,
-			Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"),
-			SrcPort: 0xC001, DstPort: roce.UDPPort,
-			BTH: roce.BTHFields{Opcode: roce.RCRDMAWriteMiddle, PKey: 0xFFFF, DestQP: 9},
-		}
-		if v6 {
-			p.IPv6, p.DontFragment = true, false
-			p.Src, p.Dst = netip.MustParseAddr("fd00::1"), netip.MustParseAddr("fd00::2")
-		}
+		p := runTemplate(v6)
 		var frames [][]byte
 		for i := 0; i < 7; i++ {
 			p.ID, p.BTH.PSN = uint16(0xFFFD+i), roce.PSN(i)

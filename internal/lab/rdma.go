@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -205,7 +206,7 @@ func (rp *rcPair) sendAndAtomics(ctx context.Context) Step {
 	start := time.Now()
 	msg := []byte("taproce lab: a SEND crossing the veth")
 	copy(rp.bufa, msg)
-	putU64(rp.bufb[1024:], 40)
+	binary.LittleEndian.PutUint64(rp.bufb[1024:], 40)
 	if _, err := rp.qb.PostRecv([]transport.RecvWR{{ID: 1, SGL: []transport.SGE{{Addr: rdmaBase + 4096, Length: 256, LKey: rp.mrb.LKey}}}}); err != nil {
 		s.Detail = err.Error()
 		return s
@@ -231,7 +232,7 @@ func (rp *rcPair) sendAndAtomics(ctx context.Context) Step {
 	}
 	s.Took = time.Since(start)
 	gotMsg := bytes.Equal(rp.bufb[4096:4096+len(msg)], msg)
-	fa, cs, now := getU64(rp.bufa[512:]), getU64(rp.bufa[520:]), getU64(rp.bufb[1024:])
+	fa, cs, now := binary.LittleEndian.Uint64(rp.bufa[512:]), binary.LittleEndian.Uint64(rp.bufa[520:]), binary.LittleEndian.Uint64(rp.bufb[1024:])
 	s.OK = gotMsg && fa == 40 && cs == 42 && now == 7
 	s.Detail = fmt.Sprintf("message intact %v; fetch-add returned %d (want 40), cmp-swap returned %d (want 42), target now %d (want 7)", gotMsg, fa, cs, now)
 	return s
@@ -249,7 +250,7 @@ func (rp *rcPair) writeRead(ctx context.Context, total, region int) Step {
 	start := time.Now()
 	for moved := 0; moved < total; moved += region {
 		for i := 0; i < len(src); i += 8 {
-			putU64(src[i:], r.Uint64())
+			binary.LittleEndian.PutUint64(src[i:], r.Uint64())
 		}
 		want := sha256.Sum256(src)
 		clear(back)
@@ -321,14 +322,4 @@ func (rp *rcPair) post(ctx context.Context, wrs []transport.SendWR) error {
 		}
 	}
 	return nil
-}
-
-func putU64(b []byte, v uint64) {
-	_ = b[7]
-	b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24), byte(v>>32), byte(v>>40), byte(v>>48), byte(v>>56)
-}
-
-func getU64(b []byte) uint64 {
-	_ = b[7]
-	return uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 | uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
 }
