@@ -218,7 +218,7 @@ func (e *Engine) NextDeadline() (time.Time, bool) {
 	defer e.mu.Unlock()
 	var next time.Time
 	for _, qp := range e.qps {
-		for _, t := range []time.Time{qp.retryAt, qp.rnrAt} {
+		for _, t := range []time.Time{qp.retryAt, qp.rnrAt, qp.nakAt} {
 			if !t.IsZero() && (next.IsZero() || t.Before(next)) {
 				next = t
 			}

@@ -77,8 +77,9 @@ type QP struct {
 	ePSN    roce.PSN
 	msn     uint32
 	nakSent bool
-	inMsg   bool // in the middle of a multi-packet SEND or WRITE
-	msgSend bool // the message in progress is a SEND (else a WRITE)
+	nakAt   time.Time // when to NAK a gap that too few packets follow
+	inMsg   bool      // in the middle of a multi-packet SEND or WRITE
+	msgSend bool      // the message in progress is a SEND (else a WRITE)
 	msgOff  uint32
 	msgLen  uint32
 	msgBuf  []byte // WRITE target
@@ -209,7 +210,7 @@ func (qp *QP) reset() {
 	qp.sqHead, qp.sqNext, qp.sqTl, qp.rqHead, qp.rqTl = 0, 0, 0, 0, 0
 	qp.attr = QPAttr{}
 	qp.inMsg, qp.nakSent, qp.msn, qp.reqOff, qp.rdAtomicOut = false, false, 0, 0, 0
-	qp.retryAt, qp.rnrAt = time.Time{}, time.Time{}
+	qp.retryAt, qp.rnrAt, qp.nakAt = time.Time{}, time.Time{}, time.Time{}
 	if qp.stash != nil {
 		qp.stash.clear()
 	}
@@ -441,6 +442,12 @@ func (qp *QP) flushRQ() {
 
 // tick runs the QP's timers.
 func (qp *QP) tick(now time.Time) {
+	if !qp.nakAt.IsZero() && !now.Before(qp.nakAt) {
+		qp.nakAt = time.Time{}
+		if qp.stash != nil && qp.stash.n > 0 {
+			qp.sendSeqNAK()
+		}
+	}
 
 	if !qp.rnrAt.IsZero() && !now.Before(qp.rnrAt) {
 		qp.rnrAt = time.Time{}

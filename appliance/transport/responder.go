@@ -1,6 +1,8 @@
 package transport
 
 import (
+	"time"
+
 	"github.com/taproce/taproce/appliance/roce"
 )
 
@@ -41,10 +43,15 @@ func (qp *QP) respond(frame []byte, p *roce.Packet) {
 		}
 		if d >= reorderWindow || !qp.stash.put(frame, p) || qp.stash.n >= reorderTolerance {
 			qp.sendSeqNAK()
+		} else if !qp.nakSent && qp.nakAt.IsZero() {
+			// Few packets follow a loss at the end of a burst: NAK after
+			// a short while rather than leave it to the requester's
+			// timeout.
+			qp.nakAt = qp.e.cfg.Now().Add(reorderHold)
 		}
 		return
 	}
-	qp.nakSent = false
+	qp.nakSent, qp.nakAt = false, time.Time{}
 	qp.executeInOrder(frame, p)
 	// Packets that overtook this one now follow it.
 	for qp.stash != nil && qp.stash.n > 0 && qp.state != StateErr {
@@ -86,6 +93,7 @@ func (qp *QP) execute(frame []byte, p *roce.Packet) {
 const (
 	reorderWindow    = 64
 	reorderTolerance = 3
+	reorderHold      = 2 * time.Millisecond // longer than the impairment's reorder hold
 )
 
 // reorderStash keeps request packets that arrived ahead of their turn.
@@ -156,7 +164,7 @@ func (qp *QP) sendSeqNAK() {
 	if qp.nakSent || qp.state == StateErr {
 		return
 	}
-	qp.nakSent = true
+	qp.nakSent, qp.nakAt = true, time.Time{}
 	qp.sendAck(qp.ePSN, roce.SyndromeNAK|roce.NAKPSNSequenceError)
 	qp.e.stats.naksSent.Add(1)
 }

@@ -197,6 +197,11 @@ func rdmaSteps(ctx context.Context, l *Lab, total int) []Step {
 		Detail: fmt.Sprintf("QP %#x ⇄ QP %#x", rp.qa.Num(), rp.qb.Num())}}
 	steps = append(steps, rp.sendAndAtomics(ctx))
 	steps = append(steps, rp.writeRead(ctx, total, region))
+	sa, sb := es.eng[0].Stats(), es.eng[1].Stats()
+	steps = append(steps, Step{Name: "transport counters", OK: true, Detail: fmt.Sprintf(
+		"%s sent %d packets: %d go-backs, %d timeouts, %d NAKs and %d RNR NAKs received; %s sent %d: %d NAKs, %d duplicates seen",
+		a.Namespace, sa.Sent, sa.Retransmits, sa.Timeouts, sa.NAKsReceived, sa.RNRNAKsReceived,
+		b.Namespace, sb.Sent, sb.NAKsSent, sb.Duplicates)})
 	return steps
 }
 
