@@ -28,8 +28,12 @@ import (
 // so VerifyICRC is safe on shared buffers.
 //
 // Building a frame (Packet.Encode): the headers are first written with the
-// masked fields already set to 1s, the whole covered range goes through one
-// crc32.Update, and the real values are written afterwards.
+// masked fields already set to 1s; they go through the slicing-by-8 CRC and
+// the payload through crc32.Update; then the real values are written. The
+// carry-less-multiply CRC loads 16 bytes at a time, and such a load of
+// bytes just stored in smaller pieces waits for the stores to drain (no
+// store forwarding); the table CRC's smaller loads do not, and the payload
+// has been in memory for a while. Measured: about 20 ns less per packet.
 
 // crcMaskedLRH is the running CRC after the 8 bytes of 0xFF, so each
 // packet's CRC starts from it.

@@ -345,7 +345,12 @@ func (p *Packet) Encode(b []byte) (int, error) {
 	*(*[6]byte)(b[0:6]) = p.DstMAC
 	*(*[6]byte)(b[6:12]) = p.SrcMAC
 
-	p.ICRC = crc32.Update(crcMaskedLRH, crc32.IEEETable, b[EthernetLen:icrcOff])
+	// The headers just written go through the table CRC, which loads them
+	// in pieces the processor can forward from its stores; the payload,
+	// in memory for a while, through the carry-less-multiply CRC.
+	hdrEnd := bthOff + BTHLen + info.ExtLen
+	crc := crcHeaders(crcMaskedLRH, b[EthernetLen:hdrEnd])
+	p.ICRC = crc32.Update(crc, crc32.IEEETable, b[hdrEnd:icrcOff])
 	putICRC(b[icrcOff:], p.ICRC)
 
 	// The real values of the masked fields.
