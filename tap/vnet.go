@@ -507,14 +507,9 @@ func Coalesce(dst []byte, frames [][]byte) (n int, h VirtioNetHdr, err error) {
 		}
 		return copy(dst, frames[0]), VirtioNetHdr{}, nil
 	}
-	k, hl, v6, seg, total, tooLarge := vnetRun(frames, len(frames))
-	switch {
-	case k < len(frames) && tooLarge:
-		return 0, VirtioNetHdr{}, ErrSuperFrameTooLarge
-	case k < len(frames):
-		return 0, VirtioNetHdr{}, ErrNotCoalescable
-	case k > MaxGSOSegments:
-		return 0, VirtioNetHdr{}, ErrSuperFrameTooLarge
+	hl, v6, seg, total, err := wholeRun(frames)
+	if err != nil {
+		return 0, VirtioNetHdr{}, err
 	}
 	n = hl + total
 	if len(dst) < n {
@@ -537,19 +532,29 @@ func CoalesceHeader(dst []byte, frames [][]byte) (hl int, h VirtioNetHdr, err er
 	if len(frames) < 2 {
 		return 0, VirtioNetHdr{}, ErrNotCoalescable
 	}
-	k, hl, v6, seg, total, tooLarge := vnetRun(frames, len(frames))
-	switch {
-	case k < len(frames) && tooLarge:
-		return 0, VirtioNetHdr{}, ErrSuperFrameTooLarge
-	case k < len(frames):
-		return 0, VirtioNetHdr{}, ErrNotCoalescable
-	case k > MaxGSOSegments:
-		return 0, VirtioNetHdr{}, ErrSuperFrameTooLarge
+	hl, v6, seg, total, err := wholeRun(frames)
+	if err != nil {
+		return 0, VirtioNetHdr{}, err
 	}
 	if len(dst) < hl {
 		return 0, VirtioNetHdr{}, ErrShortBuffer
 	}
 	return hl, coalesceHeader(dst[:hl], frames[0], v6, seg, total), nil
+}
+
+// wholeRun checks that all of frames make one super-frame and returns its
+// header length, IP version, segment size and total payload.
+func wholeRun(frames [][]byte) (hl int, v6 bool, seg, total int, err error) {
+	k, hl, v6, seg, total, tooLarge := vnetRun(frames, len(frames))
+	switch {
+	case k < len(frames) && tooLarge:
+		return 0, false, 0, 0, ErrSuperFrameTooLarge
+	case k < len(frames):
+		return 0, false, 0, 0, ErrNotCoalescable
+	case k > MaxGSOSegments:
+		return 0, false, 0, 0, ErrSuperFrameTooLarge
+	}
+	return hl, v6, seg, total, nil
 }
 
 // coalesceHeader writes into dst (hl bytes) the first frame's headers with
