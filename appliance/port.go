@@ -88,6 +88,8 @@ type Port struct {
 
 	rxFrames, rxBytes, txFrames, txBytes, txErrors atomic.Uint64
 
+	txq txQueue // SendAsync's queue and writer state
+
 	closeOnce sync.Once
 	done      chan struct{}
 	wg        sync.WaitGroup
@@ -158,8 +160,10 @@ func NewPort(dev tap.Device, cfg PortConfig) (*Port, error) {
 		return nil, fmt.Errorf("port %s/%s: %w", cfg.Namespace, cfg.Name, err)
 	}
 	p.st = st
-	p.wg.Add(1)
+	p.txq.items = make(chan txItem, txQueueLen)
+	p.wg.Add(2)
 	go p.readLoop()
+	go p.writeLoop()
 	if holds(cfg.Ingress) || holds(cfg.Egress) {
 		p.wg.Add(1)
 		go p.flushLoop()

@@ -18,6 +18,29 @@ type Output interface {
 	Send(frames [][]byte)
 }
 
+// AsyncOutput is an Output that writes frames after Send returns, on a
+// goroutine of its own, so that building frames and writing them overlap.
+// The engine hands it whole batches with SendBatch; the output gives each
+// batch back with Batch.Release once it has written (or dropped) the
+// frames. An engine never reuses a batch before that, and waits for one
+// when all are out.
+type AsyncOutput interface {
+	Output
+	SendBatch(b *Batch)
+}
+
+// Batch is a set of frames an engine hands to an AsyncOutput.
+type Batch struct {
+	// Frames are the frames, each behind Headroom() bytes.
+	Frames [][]byte
+	// Release gives the batch back to its engine. It is a field, bound
+	// once, so handing it on allocates nothing.
+	Release func()
+
+	bufs [][]byte
+	free chan *Batch
+}
+
 // Config describes an engine: one port's transport.
 type Config struct {
 	// MAC is the port's address.
@@ -55,9 +78,10 @@ type Engine struct {
 	nextQPN uint32
 	ipID    uint16
 
-	tx      [][]byte // frame buffers with headroom
-	txN     int
-	txBatch [][]byte
+	async   AsyncOutput // cfg.Out when it writes asynchronously
+	free    chan *Batch // batches not handed out
+	cur     *Batch      // the batch being filled, nil when none
+	curBufs int         // buffers of cur in use
 
 	stats struct {
 		sent, received, dropped, retransmits, timeouts     atomic.Uint64
@@ -66,8 +90,12 @@ type Engine struct {
 }
 
 // txBatchSize is how many frames the engine gathers before handing them
-// to the Output.
-const txBatchSize = 32
+// to the Output; asyncBatches how many batches an engine with an
+// AsyncOutput has (so that many can be queued for writing at once).
+const (
+	txBatchSize  = 32
+	asyncBatches = 8
+)
 
 // NewEngine returns an engine for cfg.
 func NewEngine(cfg Config) *Engine {
@@ -82,11 +110,22 @@ func NewEngine(cfg Config) *Engine {
 	}
 	e := &Engine{cfg: cfg, mem: cfg.Memory, qps: map[uint32]*QP{}, nextQPN: 0x10}
 	size := cfg.Out.Headroom() + cfg.MTU + roce.EthernetLen
-	e.tx = make([][]byte, txBatchSize)
-	for i := range e.tx {
-		e.tx[i] = make([]byte, size)
+	n := 1
+	if a, ok := cfg.Out.(AsyncOutput); ok {
+		e.async, n = a, asyncBatches
 	}
-	e.txBatch = make([][]byte, 0, txBatchSize)
+	e.free = make(chan *Batch, n)
+	for range n {
+		b := &Batch{Frames: make([][]byte, 0, txBatchSize), bufs: make([][]byte, txBatchSize), free: e.free}
+		for i := range b.bufs {
+			b.bufs[i] = make([]byte, size)
+		}
+		b.Release = func() {
+			b.Frames = b.Frames[:0]
+			b.free <- b
+		}
+		e.free <- b
+	}
 	return e
 }
 
@@ -105,30 +144,49 @@ func (e *Engine) Stats() Stats {
 }
 
 // frame returns the next transmit buffer (behind the headroom), flushing
-// the batch when it is full. e.mu is held.
+// the batch when it is full and waiting for a free batch when an
+// asynchronous output holds them all. e.mu is held.
 func (e *Engine) frame() []byte {
-	if e.txN == len(e.tx) {
+	if e.cur != nil && e.curBufs == len(e.cur.bufs) {
 		e.flush()
 	}
-	b := e.tx[e.txN]
-	e.txN++
+	if e.cur == nil {
+		e.cur = <-e.free
+		e.curBufs = 0
+	}
+	b := e.cur.bufs[e.curBufs]
+	e.curBufs++
 	return b[e.cfg.Out.Headroom():cap(b)]
 }
 
+// unframe gives back the buffer frame returned last, unused.
+func (e *Engine) unframe() { e.curBufs-- }
+
 // emit queues the frame just built in the current buffer with length n.
 func (e *Engine) emit(n int) {
-	b := e.tx[e.txN-1]
-	e.txBatch = append(e.txBatch, b[:e.cfg.Out.Headroom()+n])
+	b := e.cur.bufs[e.curBufs-1]
+	e.cur.Frames = append(e.cur.Frames, b[:e.cfg.Out.Headroom()+n])
 	e.stats.sent.Add(1)
 }
 
 // flush hands the queued frames to the Output. e.mu is held.
 func (e *Engine) flush() {
-	if len(e.txBatch) > 0 {
-		e.cfg.Out.Send(e.txBatch)
+	b := e.cur
+	if b == nil {
+		return
 	}
-	e.txBatch = e.txBatch[:0]
-	e.txN = 0
+	if len(b.Frames) == 0 {
+		e.curBufs = 0
+		return
+	}
+	if e.async != nil {
+		e.cur = nil
+		e.async.SendBatch(b)
+		return
+	}
+	e.cfg.Out.Send(b.Frames)
+	b.Frames = b.Frames[:0]
+	e.curBufs = 0
 }
 
 // QPConfig describes a queue pair to create (struct ibv_qp_init_attr).

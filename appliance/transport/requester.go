@@ -33,7 +33,7 @@ func (qp *QP) buildAndSend(p *roce.Packet, src *sgl, inline []byte, off, n uint3
 	}
 	m, err := p.Encode(b)
 	if err != nil {
-		e.txN-- // give the buffer back
+		e.unframe()
 		e.stats.dropped.Add(1)
 		return
 	}

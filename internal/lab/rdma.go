@@ -16,12 +16,16 @@ import (
 	"github.com/taproce/taproce/tap"
 )
 
-// portOutput hands an engine's frames to its port.
+// portOutput hands an engine's frames to its port, whose writer
+// goroutine writes them while the engine builds the next.
 type portOutput struct{ port *appliance.Port }
 
 func (o portOutput) Headroom() int { return tap.Headroom }
 func (o portOutput) Send(frames [][]byte) {
 	_ = o.port.Send(frames, tap.Headroom)
+}
+func (o portOutput) SendBatch(b *transport.Batch) {
+	o.port.SendAsync(b.Frames, tap.Headroom, b.Release)
 }
 
 // engines gives each lab host a transport engine on its port and runs the
