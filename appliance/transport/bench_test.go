@@ -70,7 +70,7 @@ type ringPair struct {
 	cqa, cqb, rcqb *CQ
 	mra, mrb       *MR
 	bufa, bufb     []byte
-	backingB       []byte // bufb with a guard zone of its size on each side
+	backingB       []byte // bufb with a guard zone on each side (its size, at most 1 MiB)
 }
 
 func newRingPair(tb testing.TB, size int) *ringPair { return newRingPairSlots(tb, size, 1024) }
@@ -91,8 +91,9 @@ func newRingPairSlots(tb testing.TB, size, slots int) *ringPair {
 	rp.a.peer, rp.b.peer = rp.b, rp.a
 	qp := func(p *ringPort, buf *[]byte, mr **MR, cq, rcq **CQ) *QP {
 		pd := p.eng.Memory().NewPD()
-		rp.backingB = make([]byte, 3*size)
-		*buf = rp.backingB[size : 2*size : 2*size]
+		guard := min(size, 1<<20)
+		rp.backingB = make([]byte, size+2*guard)
+		*buf = rp.backingB[guard : guard+size : guard+size]
 		var err error
 		*mr, err = p.eng.Memory().Register(pd, base, *buf, AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead|AccessRemoteAtomic)
 		must(tb, err)

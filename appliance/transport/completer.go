@@ -147,7 +147,11 @@ func (qp *QP) completeInOrder() bool {
 // findResponder returns the outstanding READ or atomic WQE whose PSNs
 // hold psn.
 func (qp *QP) findResponder(psn roce.PSN, atomic bool) *sendWQE {
-	for i := qp.sqHead; i < qp.sqNext; i++ {
+	end := qp.sqNext
+	if end < qp.sqTl && qp.sq[end%uint64(len(qp.sq))].asked {
+		end++ // a READ the send queue is held at, asked for in part
+	}
+	for i := qp.sqHead; i < end; i++ {
 		w := &qp.sq[i%uint64(len(qp.sq))]
 		if !w.assigned || w.filled || w.wr.Opcode.isAtomic() != atomic || !atomic && w.wr.Opcode != OpRead {
 			continue
@@ -204,7 +208,9 @@ func (qp *QP) readResponse(frame []byte, p *roce.Packet) bool {
 	off := uint32(psn.Diff(w.firstPSN)) * pmtu
 	n := uint32(p.PayloadLen)
 	last := p.Info().Has(roce.Last) || p.Info().Has(roce.Only)
-	if off+n > w.length || !last && n != pmtu || last && off+n != w.length {
+	// Every packet but the one that ends the READ is full; a LAST or ONLY
+	// that is not the end closes one of the pieces it was asked for in.
+	if off+n > w.length || off+n < w.length && n != pmtu || off+n == w.length && !last {
 		qp.toError(WCBadRespErr, true)
 		return false
 	}
@@ -228,9 +234,21 @@ func (qp *QP) readResponse(frame []byte, p *roce.Packet) bool {
 	}
 	w.ahead >>= 1
 	w.filled = w.resp == w.length
-	// The responder executes in order: everything before this READ is done.
-	if before := w.firstPSN.Add(-1); before.Diff(qp.acked) > 0 {
-		qp.acked = before
+	// Keep two pieces asked for ahead of what has come. While the send
+	// queue is held at this READ, drive does that.
+	held := qp.sqNext < qp.sqTl && &qp.sq[qp.sqNext%uint64(len(qp.sq))] == w
+	if !w.filled && !held && w.reqEnd < w.length && w.reqEnd <= w.resp+readChunk*pmtu*uint32(qp.piecesAhead()-1) {
+		qp.sendReadRange(w, w.reqEnd)
+	}
+	// The responder executes in order: everything before this READ is
+	// done, and a response acknowledges the READ's PSNs up to its own
+	// (IBA 9.7.5.1.2), which opens the window for the READ's next piece.
+	upTo := w.firstPSN.Add(int(w.resp/pmtu) - 1)
+	if w.filled {
+		upTo = w.lastPSN
+	}
+	if upTo.Diff(qp.acked) > 0 {
+		qp.acked = upTo
 	}
 	qp.completeInOrder()
 	return true

@@ -287,6 +287,52 @@ func TestSendWithInvalidate(t *testing.T) {
 	}
 }
 
+// TestSendWithBadInvalidate: a SEND with invalidate naming an rkey the
+// responder cannot invalidate (none, or another PD's) fails the receive
+// with REM_INV_REQ_ERR, NAKs with invalid request so the SEND completes
+// with REM_INV_REQ_ERR, and both QPs end in the error state; the other
+// PD's region stays valid.
+func TestSendWithBadInvalidate(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		rkey func(s *sim, c *conn) uint32
+	}{
+		{"no such rkey", func(*sim, *conn) uint32 { return 0xdead00 }},
+		{"other PD", func(s *sim, c *conn) uint32 {
+			mr, err := s.b.eng.Memory().Register(s.b.eng.Memory().NewPD(), 0x900000, make([]byte, 64), AccessRemoteWrite|AccessLocalWrite)
+			must(s.t, err)
+			return mr.RKey
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := newSim(t, impair.Spec{}, 1500)
+			cn := s.connect(connOpts{retry: 7, rnr: 7})
+			rkey := c.rkey(s, cn)
+			_, err := cn.qb.PostRecv([]RecvWR{{ID: 1, SGL: sge(cn.mrb, 0, 64)}, {ID: 2, SGL: sge(cn.mrb, 64, 64)}})
+			must(t, err)
+			_, err = cn.qa.PostSend([]SendWR{{ID: 7, Opcode: OpSendInv, Imm: rkey, Flags: SendSignaled, SGL: sge(cn.mra, 0, 10)}})
+			must(t, err)
+			var recv, sent []WC
+			s.run(100000, func() bool {
+				recv, sent = append(recv, poll(cn.rcqb)...), append(sent, poll(cn.cqa)...)
+				return len(recv) == 2 && len(sent) == 1
+			})
+			if len(recv) != 2 || recv[0].ID != 1 || recv[0].Status != WCRemInvReqErr || recv[1].Status != WCWRFlushErr {
+				t.Fatalf("receives %+v", recv)
+			}
+			if len(sent) != 1 || sent[0].ID != 7 || sent[0].Status != WCRemInvReqErr {
+				t.Fatalf("SEND with invalidate: %+v", sent)
+			}
+			if cn.qa.State() != StateErr || cn.qb.State() != StateErr {
+				t.Fatalf("states %v %v", cn.qa.State(), cn.qb.State())
+			}
+			if mr := s.b.eng.Memory().lookup(rkey); mr != nil && mr.invalid {
+				t.Fatal("another PD's region was invalidated")
+			}
+		})
+	}
+}
+
 // TestPostSendChecks: what ibv_post_send refuses with EINVAL.
 func TestPostSendChecks(t *testing.T) {
 	s := newSim(t, impair.Spec{}, 1500)

@@ -20,11 +20,13 @@ type sendWQE struct {
 	firstPSN roce.PSN
 	lastPSN  roce.PSN
 	assigned bool   // PSNs assigned
-	counted  bool   // counted against max_rd_atomic
+	cost     uint8  // READ or atomic: requests counted against max_rd_atomic
 	resp     uint32 // READ: response bytes received
 	fail     Status // a local error found while sending, reported in order
 	filled   bool   // READ or atomic: its response has arrived whole
 	askedAt  uint32 // READ: w.resp when its remainder was last asked for again
+	reqEnd   uint32 // READ: the end of the bytes requested so far
+	asked    bool   // READ: a request went out since the WQE was (re)started
 	ahead    uint64 // READ: responses received past w.resp, bit i = packet i after it
 }
 
@@ -384,10 +386,8 @@ func (qp *QP) PostRecv(wrs []RecvWR) (int, error) {
 // completeSend posts the completion of a send WQE when it is signaled or
 // failed, and frees it. Only the oldest WQE completes.
 func (qp *QP) completeSend(w *sendWQE, status Status) {
-	if w.counted {
-		qp.rdAtomicOut--
-		w.counted = false
-	}
+	qp.rdAtomicOut -= int(w.cost)
+	w.cost = 0
 	if status != WCSuccess || w.wr.Flags&SendSignaled != 0 {
 		wc := WC{ID: w.wr.ID, Status: status, Opcode: wcOpcodeOf(w.wr.Opcode), QPNum: qp.num}
 		if status == WCSuccess && (w.wr.Opcode == OpRead || w.wr.Opcode.isAtomic()) {

@@ -13,6 +13,21 @@ const (
 	maxPktsPerAck = 64
 )
 
+// readChunk is the most packets one READ request asks for. A longer READ
+// is asked for in pieces with consecutive PSNs, two pieces ahead of what
+// has arrived, so that a READ's responses are paced by the
+// requester as its WRITEs are by the window, and a lost response costs at
+// most a piece again. With two requests out, a lost one shows as a gap
+// to the responder, which NAKs it, instead of costing a local ACK
+// timeout. The responder sees ordinary READ requests.
+//
+// Pieces lie on a grid of readChunk packets from the start of the READ,
+// and a request asked again never crosses a grid line: so every request
+// is either news to the responder (a piece it has not executed, starting
+// at its expected PSN) or wholly a duplicate of one it has executed —
+// never a duplicate that runs on into PSNs it has not seen.
+const readChunk = 64
+
 // buildAndSend encodes p into the next transmit buffer, with n payload
 // bytes taken from src at offset off (or from inline bytes), and queues it.
 func (qp *QP) buildAndSend(p *roce.Packet, src *sgl, inline []byte, off, n uint32) {
@@ -112,7 +127,7 @@ func (qp *QP) sendRC(w *sendWQE) bool {
 	op := w.wr.Opcode
 	pmtu := uint32(qp.pmtu)
 	if !w.assigned {
-		if (op == OpRead || op.isAtomic()) && qp.rdAtomicOut >= max(int(qp.attr.MaxRdAtomic), 1) {
+		if (op == OpRead || op.isAtomic()) && !qp.rdAtomicRoom(w) {
 			return false
 		}
 		w.firstPSN = qp.psn
@@ -126,17 +141,33 @@ func (qp *QP) sendRC(w *sendWQE) bool {
 		w.lastPSN = w.firstPSN.Add(n - 1)
 		w.assigned = true
 	}
-	if (op == OpRead || op.isAtomic()) && !w.counted {
-		if qp.rdAtomicOut >= max(int(qp.attr.MaxRdAtomic), 1) {
+	if (op == OpRead || op.isAtomic()) && w.cost == 0 {
+		if !qp.rdAtomicRoom(w) {
 			return false
 		}
-		w.counted = true
-		qp.rdAtomicOut++
+		w.cost = uint8(qp.rdAtomicCost(w))
+		qp.rdAtomicOut += int(w.cost)
 	}
 	if !qp.resolveLocal(w, op == OpRead || op.isAtomic()) {
 		return false
 	}
-	if op == OpRead || op.isAtomic() {
+	if op == OpRead {
+		chunk := uint32(readChunk) * pmtu
+		if !w.filled && (w.reqEnd < w.length || !w.asked) && w.reqEnd <= w.resp+chunk*uint32(qp.piecesAhead()-1) {
+			qp.sendReadRange(w, w.reqEnd)
+		}
+		if !w.filled && w.reqEnd < w.length {
+			// The rest is asked for as responses arrive; nothing after
+			// this READ goes before its last request.
+			qp.psn = w.firstPSN.Add(int(w.reqEnd / pmtu))
+			qp.reqOff = w.reqEnd
+			return false
+		}
+		qp.psn = w.lastPSN.Next()
+		qp.finishSent()
+		return true
+	}
+	if op.isAtomic() {
 		if !w.filled {
 			qp.sendReadOrAtomic(w)
 		}
@@ -193,25 +224,69 @@ func (qp *QP) sendRC(w *sendWQE) bool {
 	}
 }
 
-// sendReadOrAtomic sends the request of a READ, for the part of its data
-// not yet received, or of an atomic.
+// sendReadOrAtomic sends the request of an atomic, or of a READ for the
+// first piece of its data not yet received.
 func (qp *QP) sendReadOrAtomic(w *sendWQE) {
+	if w.wr.Opcode == OpRead {
+		qp.sendReadRange(w, w.resp)
+		return
+	}
 	p := &qp.tmpl
 	p.BTH.SolicitedEvent, p.BTH.AckReq = false, true
-	if w.wr.Opcode == OpRead {
-		off := w.resp
-		p.BTH.Opcode = roce.RCRDMAReadRequest
-		p.BTH.PSN = w.firstPSN.Add(int(off / uint32(qp.pmtu)))
-		p.RETH = roce.RETHFields{VA: w.wr.RemoteAddr + uint64(off), RKey: w.wr.RKey, DMALen: w.length - off}
-	} else {
-		p.BTH.Opcode = roce.RCFetchAdd
-		p.AtomicETH = roce.AtomicETHFields{VA: w.wr.RemoteAddr, RKey: w.wr.RKey, SwapAdd: w.wr.CompareAdd}
-		if w.wr.Opcode == OpCmpSwap {
-			p.BTH.Opcode = roce.RCCompareSwap
-			p.AtomicETH.Compare, p.AtomicETH.SwapAdd = w.wr.CompareAdd, w.wr.Swap
-		}
-		p.BTH.PSN = w.firstPSN
+	p.BTH.Opcode = roce.RCFetchAdd
+	p.AtomicETH = roce.AtomicETHFields{VA: w.wr.RemoteAddr, RKey: w.wr.RKey, SwapAdd: w.wr.CompareAdd}
+	if w.wr.Opcode == OpCmpSwap {
+		p.BTH.Opcode = roce.RCCompareSwap
+		p.AtomicETH.Compare, p.AtomicETH.SwapAdd = w.wr.CompareAdd, w.wr.Swap
 	}
+	p.BTH.PSN = w.firstPSN
+	qp.buildAndSend(p, nil, nil, 0, 0)
+}
+
+// piecesAhead is how many pieces of a long READ may be asked for beyond
+// what has arrived: two, unless max_rd_atomic allows only one request.
+func (qp *QP) piecesAhead() int {
+	if qp.attr.MaxRdAtomic >= 2 {
+		return 2
+	}
+	return 1
+}
+
+// rdAtomicCost is how many of the max_rd_atomic outstanding READ and
+// atomic requests w takes (IBA 9.5: a requester never has more out than
+// the responder has resources, and the responder keeps only that many of
+// the latest requests to answer duplicates from). A READ or atomic of one
+// request takes one. A READ of several pieces takes them all: it starts
+// when nothing else is out and nothing starts behind it until it is
+// done, so its pieces asked for again are always among the latest
+// requests the responder remembers.
+func (qp *QP) rdAtomicCost(w *sendWQE) int {
+	if w.wr.Opcode == OpRead && w.length > readChunk*uint32(qp.pmtu) {
+		return max(int(qp.attr.MaxRdAtomic), 1)
+	}
+	return 1
+}
+
+// rdAtomicRoom reports whether w's requests fit within max_rd_atomic
+// beside those outstanding.
+func (qp *QP) rdAtomicRoom(w *sendWQE) bool {
+	return qp.rdAtomicOut == 0 || qp.rdAtomicOut+qp.rdAtomicCost(w) <= max(int(qp.attr.MaxRdAtomic), 1)
+}
+
+// sendReadRange sends a READ request for w's data from byte off (a
+// multiple of the path MTU) to the next grid line of readChunk packets,
+// and records how far w has been asked for.
+func (qp *QP) sendReadRange(w *sendWQE, off uint32) {
+	pmtu := uint32(qp.pmtu)
+	chunk := readChunk * pmtu
+	end := min(w.length, (off/chunk+1)*chunk)
+	n := end - off
+	p := &qp.tmpl
+	p.BTH.SolicitedEvent, p.BTH.AckReq = false, true
+	p.BTH.Opcode = roce.RCRDMAReadRequest
+	p.BTH.PSN = w.firstPSN.Add(int(off / pmtu))
+	p.RETH = roce.RETHFields{VA: w.wr.RemoteAddr + uint64(off), RKey: w.wr.RKey, DMALen: n}
+	w.reqEnd, w.asked = max(w.reqEnd, end), true
 	qp.buildAndSend(p, nil, nil, 0, 0)
 }
 
@@ -277,9 +352,15 @@ func (qp *QP) rewind(psn roce.PSN) {
 		if psn.Diff(w.firstPSN) >= 0 && psn.Diff(w.lastPSN) <= 0 {
 			qp.sqNext = i
 			qp.reqOff = 0
+			// Every READ from here on is asked for again, from what has
+			// not arrived (IBA 9.7.6.2.2): the responder expects psn next.
+			for j := i; j < qp.sqTl; j++ {
+				if r := &qp.sq[j%uint64(len(qp.sq))]; r.wr.Opcode == OpRead && !r.filled {
+					r.reqEnd, r.asked = r.resp, false
+				}
+			}
 			switch {
 			case w.wr.Opcode == OpRead:
-				// Ask again for what has not arrived (IBA 9.7.6.2.2).
 			case w.wr.Opcode.isAtomic():
 			default:
 				qp.reqOff = uint32(psn.Diff(w.firstPSN)) * uint32(qp.pmtu)

@@ -276,6 +276,14 @@ func (qp *QP) sendOrWrite(frame []byte, p *roce.Packet) {
 		}
 		copy(qp.msgBuf[qp.msgOff:], payload)
 	}
+	if last && info.Has(roce.HasIETH) && !qp.e.mem.invalidate(qp.cfg.PD, p.IETH) {
+		// IBA 10.6.7.2 and the class J responder error: an R_Key the
+		// responder cannot invalidate fails the receive WQE with a remote
+		// invalid request error, NAKs the request and ends the QP.
+		qp.recvError(qp.recvHead(), WCRemInvReqErr)
+		qp.nak(roce.NAKInvalidRequest)
+		return
+	}
 	qp.msgOff += uint32(len(payload))
 	qp.inMsg = !last
 	qp.ePSN = qp.ePSN.Next()
@@ -292,7 +300,6 @@ func (qp *QP) sendOrWrite(frame []byte, p *roce.Packet) {
 			}
 			if info.Has(roce.HasIETH) {
 				wc.Imm, wc.Flags = p.IETH, WCWithInv
-				qp.e.mem.invalidate(qp.cfg.PD, p.IETH)
 			}
 			qp.rqHead++
 			qp.cfg.RecvCQ.push(&wc)

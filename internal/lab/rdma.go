@@ -16,6 +16,12 @@ import (
 	"github.com/taproce/taproce/tap"
 )
 
+// labTimeout is the lab QPs' local ACK timeout exponent: 4.096 µs × 2^12
+// ≈ 17 ms, many round trips of a veth yet short enough that the tail
+// losses of an impaired run (a last READ response or ACK lost, which
+// nothing after it reveals) cost seconds, not a minute, over 256 MiB.
+const labTimeout = 12
+
 // portOutput hands an engine's frames to its port, whose writer
 // goroutine writes them while the engine builds the next.
 type portOutput struct{ port *appliance.Port }
@@ -133,7 +139,7 @@ func connectRC(ctx context.Context, ea, eb *transport.Engine, a, b *Host, size i
 			{transport.QPAttr{State: transport.StateRTR, PathMTU: roce.MTU4096, DestQPN: x.dqp, RQPSN: x.rq, MaxDestRdAtomic: 16, MinRNRTimer: 12,
 				AV: transport.AddressVector{DstIP: x.to.PortIPv4(), DstMAC: mac, SGIDIndex: 1}},
 				transport.AttrState | transport.AttrAV | transport.AttrPathMTU | transport.AttrDestQPN | transport.AttrRQPSN | transport.AttrMaxDestRdAtomic | transport.AttrMinRNRTimer},
-			{transport.QPAttr{State: transport.StateRTS, SQPSN: x.sq, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16},
+			{transport.QPAttr{State: transport.StateRTS, SQPSN: x.sq, Timeout: labTimeout, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16},
 				transport.AttrState | transport.AttrSQPSN | transport.AttrTimeout | transport.AttrRetryCnt | transport.AttrRNRRetry | transport.AttrMaxQPRdAtomic},
 		}
 		for _, s := range steps {
