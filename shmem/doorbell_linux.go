@@ -1,0 +1,224 @@
+//go:build linux
+
+package shmem
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Doorbell is an eventfd used to wake a sleeping peer. One side rings it,
+// the other waits on it. The descriptor is non-blocking and registered with
+// the Go runtime's poller, so a goroutine in Wait does not hold an OS thread.
+//
+// Ring, Drain and Close may be called from any goroutine; at most one
+// goroutine should be in Wait at a time.
+type Doorbell struct {
+	f      *os.File
+	rc     syscall.RawConn
+	fd     int
+	closed atomic.Bool
+	once   sync.Once
+	cerr   error
+}
+
+// eventfdOne is the 8-byte value 1 in host byte order, what Ring writes.
+var eventfdOne = binary.NativeEndian.AppendUint64(nil, 1)
+
+// NewDoorbell creates a doorbell on a new eventfd (EFD_CLOEXEC|EFD_NONBLOCK).
+func NewDoorbell() (*Doorbell, error) {
+	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("shmem: NewDoorbell: eventfd: %w", err)
+	}
+	d, err := newDoorbell(fd)
+	if err != nil {
+		return nil, fmt.Errorf("shmem: NewDoorbell: %w", err)
+	}
+	return d, nil
+}
+
+// DoorbellFromFd makes a doorbell of an eventfd received from the peer. The
+// descriptor is checked to be an eventfd (else the error wraps
+// ErrNotEventfd); it is switched to non-blocking mode, which the peer's
+// descriptor shares. On success the Doorbell owns fd and closes it in Close;
+// on error fd is left open and still belongs to the caller.
+func DoorbellFromFd(fd int) (*Doorbell, error) {
+	if fd < 0 {
+		return nil, fmt.Errorf("shmem: DoorbellFromFd %d: %w", fd, ErrNotEventfd)
+	}
+	link, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
+	if err != nil {
+		return nil, fmt.Errorf("shmem: DoorbellFromFd %d: %w", fd, err)
+	}
+	if link != "anon_inode:[eventfd]" {
+		return nil, fmt.Errorf("shmem: DoorbellFromFd %d: descriptor is %q: %w", fd, link, ErrNotEventfd)
+	}
+	// Work on a duplicate so that fd stays untouched if anything fails.
+	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("shmem: DoorbellFromFd %d: dup: %w", fd, err)
+	}
+	if err := unix.SetNonblock(dup, true); err != nil {
+		unix.Close(dup)
+		return nil, fmt.Errorf("shmem: DoorbellFromFd %d: set non-blocking: %w", fd, err)
+	}
+	d, err := newDoorbell(dup)
+	if err != nil {
+		return nil, fmt.Errorf("shmem: DoorbellFromFd %d: %w", fd, err)
+	}
+	unix.Close(fd)
+	return d, nil
+}
+
+// newDoorbell wraps a non-blocking eventfd and takes ownership of fd, even on
+// error.
+func newDoorbell(fd int) (*Doorbell, error) {
+	f := os.NewFile(uintptr(fd), "eventfd")
+	// Deadlines work only on descriptors the poller accepted.
+	if err := f.SetReadDeadline(time.Time{}); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("register with poller: %w", err)
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("raw conn: %w", err)
+	}
+	return &Doorbell{f: f, rc: rc, fd: fd}, nil
+}
+
+// Fd returns the eventfd, for sending to the peer. The Doorbell keeps
+// ownership: do not close it.
+func (d *Doorbell) Fd() int { return d.fd }
+
+// Ring wakes the waiter: it adds 1 to the eventfd counter. Ringing a
+// doorbell whose counter is saturated is not an error.
+func (d *Doorbell) Ring() error {
+	var werr error
+	err := d.rc.Write(func(fd uintptr) bool {
+		for {
+			_, werr = unix.Write(int(fd), eventfdOne)
+			if werr != unix.EINTR {
+				return true
+			}
+		}
+	})
+	if err == nil && werr != nil && werr != unix.EAGAIN {
+		err = werr
+	}
+	if err != nil {
+		return fmt.Errorf("shmem: Doorbell.Ring: %w", d.closedErr(err))
+	}
+	return nil
+}
+
+// Wait blocks until the doorbell is rung or ctx is done, and consumes all
+// rings so far. It returns nil when rung, ctx's error when ctx ends first
+// (even if the doorbell was rung at the same time; the ring then stays
+// pending), and an error wrapping os.ErrClosed if the doorbell is closed.
+func (d *Doorbell) Wait(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if ctx.Done() != nil {
+		done := make(chan struct{})
+		stop := context.AfterFunc(ctx, func() {
+			// A deadline in the past wakes the blocked Read below.
+			d.f.SetReadDeadline(time.Unix(1, 0))
+			close(done)
+		})
+		defer func() {
+			if !stop() {
+				<-done
+			}
+			d.f.SetReadDeadline(time.Time{})
+		}()
+	}
+	for {
+		rung, err := d.read(true)
+		switch {
+		case err == nil && rung:
+			return nil
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			if cerr := ctx.Err(); cerr != nil {
+				return cerr
+			}
+			// A deadline left over from another waiter; try again.
+			time.Sleep(time.Millisecond)
+		case err != nil:
+			return fmt.Errorf("shmem: Doorbell.Wait: %w", d.closedErr(err))
+		}
+	}
+}
+
+// Drain consumes pending rings without blocking and reports whether there
+// were any.
+func (d *Doorbell) Drain() (rung bool, err error) {
+	rung, err = d.read(false)
+	if err != nil {
+		return false, fmt.Errorf("shmem: Doorbell.Drain: %w", d.closedErr(err))
+	}
+	return rung, nil
+}
+
+// read reads the eventfd counter once. With block it waits for the
+// descriptor to become readable; without, it reports rung == false when the
+// counter is zero.
+func (d *Doorbell) read(block bool) (rung bool, err error) {
+	var buf [8]byte
+	var rerr error
+	err = d.rc.Read(func(fd uintptr) bool {
+		for {
+			_, rerr = unix.Read(int(fd), buf[:])
+			switch rerr {
+			case unix.EINTR:
+				continue
+			case unix.EAGAIN:
+				return !block
+			}
+			return true
+		}
+	})
+	if err != nil {
+		return false, err
+	}
+	if rerr == unix.EAGAIN {
+		return false, nil
+	}
+	if rerr != nil {
+		return false, rerr
+	}
+	return true, nil
+}
+
+// Close closes the eventfd; a goroutine blocked in Wait returns an error
+// wrapping os.ErrClosed. Calling Close again does nothing and returns nil.
+func (d *Doorbell) Close() error {
+	d.once.Do(func() {
+		d.closed.Store(true)
+		if err := d.f.Close(); err != nil {
+			d.cerr = fmt.Errorf("shmem: Doorbell.Close: %w", err)
+		}
+	})
+	return d.cerr
+}
+
+// closedErr maps the poller's "use of closed file", which the raw connection
+// does not translate, to os.ErrClosed.
+func (d *Doorbell) closedErr(err error) error {
+	if d.closed.Load() && !errors.Is(err, os.ErrClosed) {
+		return fmt.Errorf("%w (%w)", os.ErrClosed, err)
+	}
+	return err
+}
