@@ -47,6 +47,11 @@ type PortConfig struct {
 	Handler func(frame []byte, p *roce.Packet)
 	// Logger for the port's events (default slog.Default()).
 	Logger *slog.Logger
+	// Resolver, when set, makes the port's station silent, for redirect
+	// mode: MAC and Addrs are then another stack's (the pod interface's),
+	// which answers ARP, ND and echo itself, and the station resolves next
+	// hops through the Resolver (see station.Config.Resolver).
+	Resolver station.Resolver
 }
 
 // DefaultPortName is the TAP name of a port when none is configured.
@@ -155,7 +160,7 @@ func NewPort(dev tap.Device, cfg PortConfig) (*Port, error) {
 	if cfg.Egress.Enabled() {
 		p.egress = impair.New(cfg.Egress)
 	}
-	st, err := station.New(station.Config{MAC: cfg.MAC, Addrs: cfg.Addrs, Send: p.sendOne})
+	st, err := station.New(station.Config{MAC: cfg.MAC, Addrs: cfg.Addrs, Send: p.sendOne, Resolver: cfg.Resolver})
 	if err != nil {
 		return nil, fmt.Errorf("port %s/%s: %w", cfg.Namespace, cfg.Name, err)
 	}

@@ -42,6 +42,18 @@ type Config struct {
 	ResolveAttempts int
 	// Now is the clock (default time.Now); tests give a fake one.
 	Now func() time.Time
+	// Resolver, when set, makes the station silent: the addresses belong
+	// to another stack on the same link (redirect mode: the pod's kernel),
+	// which answers ARP, neighbour solicitations and echo requests, so the
+	// station takes only UDP (RoCEv2), never announces itself, and Resolve
+	// asks the Resolver instead of the link.
+	Resolver Resolver
+}
+
+// Resolver finds the MAC to send to for a destination address: the
+// next hop's, from the routes and neighbours of another stack.
+type Resolver interface {
+	Resolve(ctx context.Context, a netip.Addr) (roce.MAC, error)
 }
 
 // Verdict says what Input did with a frame.
@@ -268,6 +280,9 @@ func (s *Station) Input(frame []byte, p *roce.Packet) Verdict {
 	eth := roce.Ethernet(frame)
 	if !s.acceptMAC(eth.Dst()) {
 		return s.drop(DropNotForUs)
+	}
+	if s.cfg.Resolver != nil && !isUDP(frame) {
+		return s.drop(DropProtocol)
 	}
 	switch eth.EtherType() {
 	case roce.EtherTypeARP:
@@ -496,6 +511,9 @@ func (s *Station) sendAdvert(buf []byte, target, to netip.Addr, toMAC roce.MAC, 
 // IPv4 address and an unsolicited neighbour advertisement for each IPv6
 // address, as a host does when its interface comes up.
 func (s *Station) Announce() {
+	if s.cfg.Resolver != nil {
+		return
+	}
 	s.sendMu.Lock()
 	defer s.sendMu.Unlock()
 	for _, p := range s.v4 {
@@ -608,9 +626,13 @@ func (s *Station) waiter(a netip.Addr) <-chan struct{} {
 }
 
 // Resolve returns the MAC of on-link neighbour a, asking the link (ARP
-// request or neighbour solicitation) when the cache has no valid entry.
+// request or neighbour solicitation) when the cache has no valid entry;
+// a silent station asks its Config.Resolver instead.
 func (s *Station) Resolve(ctx context.Context, a netip.Addr) (roce.MAC, error) {
 	a = a.Unmap()
+	if s.cfg.Resolver != nil {
+		return s.cfg.Resolver.Resolve(ctx, a)
+	}
 	for attempt := 0; attempt < s.cfg.ResolveAttempts; attempt++ {
 		if mac, ok := s.Lookup(a); ok {
 			return mac, nil
@@ -687,4 +709,15 @@ func pickSource(prefixes []netip.Prefix, a netip.Addr) (netip.Addr, bool) {
 		return prefixes[0].Addr(), true
 	}
 	return netip.Addr{}, false
+}
+
+// isUDP reports whether frame carries UDP directly over IPv4 or IPv6.
+func isUDP(frame []byte) bool {
+	switch roce.Ethernet(frame).EtherType() {
+	case roce.EtherTypeIPv4:
+		return len(frame) >= roce.EthernetLen+roce.IPv4Len && roce.IPv4(frame[roce.EthernetLen:]).Protocol() == roce.IPProtoUDP
+	case roce.EtherTypeIPv6:
+		return len(frame) >= roce.EthernetLen+roce.IPv6Len && roce.IPv6(frame[roce.EthernetLen:]).NextHeader() == roce.IPProtoUDP
+	}
+	return false
 }
