@@ -198,6 +198,14 @@ type QPConfig struct {
 	MaxRecvWR      int
 	MaxInline      int
 	SigAll         bool
+	// SRQ, when set, is where the QP takes its receive WQEs from
+	// (ibv_qp_init_attr.srq); the QP's own receive queue is then unused.
+	SRQ *SRQ
+	// OnRetire, when set, is told the running counts of send and receive
+	// WQEs the QP has retired (completed, signaled or not, or flushed),
+	// under the engine's lock: for a client that tracks how full its
+	// queues are.
+	OnRetire func(send, recv uint64)
 }
 
 // CreateQP creates a queue pair in the RESET state.
@@ -208,6 +216,9 @@ func (e *Engine) CreateQP(c QPConfig) (*QP, error) {
 	if c.Type != RC && c.Type != UD && c.Type != UC {
 		return nil, fmt.Errorf("%w: QP type %v", ErrInvalid, c.Type)
 	}
+	if c.SRQ != nil && (c.SRQ.e != e || c.SRQ.pd != c.PD) {
+		return nil, fmt.Errorf("%w: the SRQ belongs to another device or PD", ErrInvalid)
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for e.qps[e.nextQPN] != nil || e.nextQPN < 2 {
@@ -217,6 +228,9 @@ func (e *Engine) CreateQP(c QPConfig) (*QP, error) {
 	qp.sq = make([]sendWQE, c.MaxSendWR)
 	qp.rq = make([]recvWQE, max(c.MaxRecvWR, 1))
 	qp.cache = make([]respEntry, 16)
+	if c.SRQ != nil {
+		c.SRQ.users++
+	}
 	e.qps[qp.num] = qp
 	e.nextQPN = (e.nextQPN + 1) & roce.QPNMask
 	return qp, nil
@@ -231,6 +245,9 @@ func (e *Engine) DestroyQP(qp *QP) error {
 	}
 	delete(e.qps, qp.num)
 	qp.state = StateReset
+	if qp.cfg.SRQ != nil {
+		qp.cfg.SRQ.users--
+	}
 	return nil
 }
 

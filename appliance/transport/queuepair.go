@@ -365,6 +365,9 @@ func (qp *QP) PostRecv(wrs []RecvWR) (int, error) {
 	if qp.state == StateReset {
 		return 0, fmt.Errorf("%w: post receive in RESET", ErrState)
 	}
+	if qp.cfg.SRQ != nil {
+		return 0, fmt.Errorf("%w: the QP receives from an SRQ", ErrInvalid)
+	}
 	for i := range wrs {
 		if qp.rqTl-qp.rqHead == uint64(len(qp.rq)) || qp.cfg.MaxRecvWR == 0 {
 			return i, ErrQueueFull
@@ -397,6 +400,7 @@ func (qp *QP) completeSend(w *sendWQE, status Status) {
 		qp.notify(qp.cfg.SendCQ)
 	}
 	qp.sqHead++
+	qp.retired()
 	if qp.sqNext < qp.sqHead {
 		qp.sqNext = qp.sqHead
 		qp.reqOff = 0
@@ -430,6 +434,8 @@ func (qp *QP) flushSQ() {
 	qp.sqNext, qp.reqOff = qp.sqHead, 0
 }
 
+// flushRQ flushes the QP's own receive queue; an SRQ keeps its WQEs for
+// the other QPs (IBA 10.2.9.5).
 func (qp *QP) flushRQ() {
 	for qp.rqHead < qp.rqTl {
 		w := &qp.rq[qp.rqHead%uint64(len(qp.rq))]
@@ -437,7 +443,15 @@ func (qp *QP) flushRQ() {
 		qp.cfg.RecvCQ.push(&wc)
 		qp.rqHead++
 	}
+	qp.retired()
 	qp.notify(qp.cfg.RecvCQ)
+}
+
+// retired reports the counts of retired WQEs to the QP's OnRetire.
+func (qp *QP) retired() {
+	if qp.cfg.OnRetire != nil {
+		qp.cfg.OnRetire(qp.sqHead, qp.rqHead)
+	}
 }
 
 // tick runs the QP's timers.

@@ -201,12 +201,26 @@ func (qp *QP) ack(p *roce.Packet) {
 	}
 }
 
-// recvHead returns the oldest receive WQE, or nil when the queue is empty.
+// recvHead returns the oldest receive WQE, of the QP's receive queue or
+// its SRQ, or nil when there is none.
 func (qp *QP) recvHead() *recvWQE {
+	if s := qp.cfg.SRQ; s != nil {
+		return s.next()
+	}
 	if qp.rqHead == qp.rqTl {
 		return nil
 	}
 	return &qp.rq[qp.rqHead%uint64(len(qp.rq))]
+}
+
+// consumeRecv retires the receive WQE recvHead returned.
+func (qp *QP) consumeRecv() {
+	if s := qp.cfg.SRQ; s != nil {
+		s.consume()
+		return
+	}
+	qp.rqHead++
+	qp.retired()
 }
 
 // rnr answers a request that needs a receive WQE when there is none: an
@@ -301,7 +315,7 @@ func (qp *QP) sendOrWrite(frame []byte, p *roce.Packet) {
 			if info.Has(roce.HasIETH) {
 				wc.Imm, wc.Flags = p.IETH, WCWithInv
 			}
-			qp.rqHead++
+			qp.consumeRecv()
 			qp.cfg.RecvCQ.push(&wc)
 			qp.notify(qp.cfg.RecvCQ)
 		}
@@ -314,7 +328,7 @@ func (qp *QP) sendOrWrite(frame []byte, p *roce.Packet) {
 // recvError completes the receive WQE w with an error status.
 func (qp *QP) recvError(w *recvWQE, st Status) {
 	wc := WC{ID: w.id, Status: st, Opcode: WCRecv, QPNum: qp.num}
-	qp.rqHead++
+	qp.consumeRecv()
 	qp.cfg.RecvCQ.push(&wc)
 }
 
@@ -474,7 +488,7 @@ func (qp *QP) receiveUD(frame []byte, p *roce.Packet) {
 	if p.Info().Has(roce.HasImmDt) {
 		wc.Imm, wc.Flags = p.Imm, wc.Flags|WCWithImm
 	}
-	qp.rqHead++
+	qp.consumeRecv()
 	qp.cfg.RecvCQ.push(&wc)
 	qp.notify(qp.cfg.RecvCQ)
 }
