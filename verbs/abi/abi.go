@@ -1,0 +1,212 @@
+// Package abi is the contract between the verbs client library and the
+// appliance: the control messages on the unix socket and the layout of the
+// work queue, receive queue and completion queue entries in the shared
+// rings. It depends on nothing else of taproce; both sides import it.
+//
+// # Control messages
+//
+// The control socket is a SOCK_SEQPACKET unix socket, so each message is
+// one packet. A message is a 16-byte header and a body of header.Len bytes,
+// all integers little-endian:
+//
+//	 0       2       4       6       8              12             16
+//	+-------+-------+-------+-------+--------------+--------------+
+//	| magic |version|  op   | flags |     seq      |   body len   |
+//	+-------+-------+-------+-------+--------------+--------------+
+//	| body: the op's request, or a reply (Errno first), or an Event |
+//	+--------------------------------------------------------------+
+//
+// A request carries a fresh seq; its reply has the same op and seq and the
+// Reply flag, and starts with an Errno (0, or a Linux errno value as
+// libibverbs would return it). Events (FlagEvent) come unasked, with seq 0.
+// File descriptors travel with a message as SCM_RIGHTS.
+package abi
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"syscall"
+)
+
+// Magic and Version identify the protocol; a peer with another version is
+// refused with EPROTO.
+const (
+	Magic   = 0x5254 // "TR" little-endian
+	Version = 1
+)
+
+// HeaderLen is the size of a message header; MaxMessage bounds a whole
+// message.
+const (
+	HeaderLen  = 16
+	MaxMessage = 64 << 10
+)
+
+// Op names a control message.
+type Op uint16
+
+// The operations.
+const (
+	OpListDevices Op = iota + 1
+	OpOpen
+	OpQueryPort
+	OpAllocPD
+	OpDeallocPD
+	OpRegMR
+	OpDeregMR
+	OpCreateChannel
+	OpDestroyChannel
+	OpCreateCQ
+	OpDestroyCQ
+	OpCreateQP
+	OpModifyQP
+	OpQueryQP
+	OpDestroyQP
+	OpCreateSRQ
+	OpModifySRQ
+	OpDestroySRQ
+	OpCreateAH
+	OpDestroyAH
+	OpEvent
+	opMax
+)
+
+var opNames = [...]string{"", "list-devices", "open", "query-port", "alloc-pd", "dealloc-pd", "reg-mr",
+	"dereg-mr", "create-channel", "destroy-channel", "create-cq", "destroy-cq", "create-qp", "modify-qp",
+	"query-qp", "destroy-qp", "create-srq", "modify-srq", "destroy-srq", "create-ah", "destroy-ah", "event"}
+
+func (o Op) String() string {
+	if o < opMax {
+		return opNames[o]
+	}
+	return fmt.Sprintf("op(%d)", uint16(o))
+}
+
+// Header flags.
+const (
+	FlagReply uint16 = 1
+	FlagEvent uint16 = 2
+)
+
+// Header starts every message.
+type Header struct {
+	Magic   uint16
+	Version uint16
+	Op      Op
+	Flags   uint16
+	Seq     uint32
+	Len     uint32
+}
+
+// Errors of decoding.
+var (
+	ErrShort   = errors.New("abi: message too short")
+	ErrMagic   = errors.New("abi: not a taproce message")
+	ErrVersion = errors.New("abi: protocol version mismatch")
+	ErrOp      = errors.New("abi: unknown operation")
+	ErrLength  = errors.New("abi: length does not match")
+)
+
+// Encode appends a message with header h (its Len is set) and body to b.
+func Encode(b []byte, h Header, body any) ([]byte, error) {
+	h.Magic, h.Version = Magic, Version
+	n := 0
+	if body != nil {
+		n = binary.Size(body)
+		if n < 0 {
+			return nil, fmt.Errorf("abi: %T cannot be encoded", body)
+		}
+	}
+	h.Len = uint32(n)
+	b, err := binary.Append(b, binary.LittleEndian, h)
+	if err != nil {
+		return nil, err
+	}
+	if body != nil {
+		if b, err = binary.Append(b, binary.LittleEndian, body); err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
+// DecodeHeader checks a message's header and returns it with the body.
+func DecodeHeader(msg []byte) (Header, []byte, error) {
+	var h Header
+	if len(msg) < HeaderLen {
+		return h, nil, fmt.Errorf("%w: %d bytes", ErrShort, len(msg))
+	}
+	if _, err := binary.Decode(msg, binary.LittleEndian, &h); err != nil {
+		return h, nil, fmt.Errorf("abi: header: %w", err)
+	}
+	switch {
+	case h.Magic != Magic:
+		return h, nil, fmt.Errorf("%w: magic %#04x", ErrMagic, h.Magic)
+	case h.Version != Version:
+		return h, nil, fmt.Errorf("%w: version %d, this side speaks %d", ErrVersion, h.Version, Version)
+	case h.Op == 0 || h.Op >= opMax:
+		return h, nil, fmt.Errorf("%w: %d", ErrOp, h.Op)
+	case int(h.Len) != len(msg)-HeaderLen:
+		return h, nil, fmt.Errorf("%w: header says %d body bytes, message has %d", ErrLength, h.Len, len(msg)-HeaderLen)
+	}
+	return h, msg[HeaderLen:], nil
+}
+
+// DecodeBody decodes body into v, a pointer to the op's fixed-size
+// structure; the sizes must match exactly.
+func DecodeBody(body []byte, v any) error {
+	n := binary.Size(v)
+	if n < 0 {
+		return fmt.Errorf("abi: %T cannot be decoded", v)
+	}
+	if len(body) != n {
+		return fmt.Errorf("%w: %T is %d bytes, body %d", ErrLength, v, n, len(body))
+	}
+	_, err := binary.Decode(body, binary.LittleEndian, v)
+	return err
+}
+
+// Errno is the first field of every reply: 0, or the errno libibverbs
+// would return.
+type Errno int32
+
+// Err returns the error the errno stands for, or nil.
+func (e Errno) Err() error {
+	if e == 0 {
+		return nil
+	}
+	return syscall.Errno(e)
+}
+
+// ErrnoOf maps an error to an errno: a syscall.Errno in its chain, or
+// EINVAL.
+func ErrnoOf(err error) Errno {
+	if err == nil {
+		return 0
+	}
+	var en syscall.Errno
+	if errors.As(err, &en) {
+		return Errno(en)
+	}
+	return Errno(syscall.EINVAL)
+}
+
+// Name is a fixed-size device name.
+type Name [32]byte
+
+// MakeName returns s as a Name (cut at 31 bytes).
+func MakeName(s string) Name {
+	var n Name
+	copy(n[:len(n)-1], s)
+	return n
+}
+
+func (n Name) String() string {
+	for i, c := range n {
+		if c == 0 {
+			return string(n[:i])
+		}
+	}
+	return string(n[:])
+}
