@@ -1,0 +1,144 @@
+package appliance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+
+	"github.com/taproce/taproce/appliance/control"
+	"github.com/taproce/taproce/tap"
+)
+
+// Options describe an appliance.
+type Options struct {
+	// Socket is the control socket (default control.DefaultSocket).
+	Socket string
+	// Limits per client, and how the appliance waits for their posts.
+	Limits control.Limits
+	Poll   control.PollMode
+	// LocalSwitch lets traffic between the appliance's own ports cross in
+	// memory instead of through their TAPs.
+	LocalSwitch bool
+	// Logger (default slog.Default()).
+	Logger *slog.Logger
+	// PeerNetns replaces how the control server finds a client's
+	// namespace (tests).
+	PeerNetns func(pid int32) (uint64, error)
+}
+
+// Appliance is the daemon's core: NICs (ports with their transports), the
+// local switch between them, and the control server that gives clients
+// verbs on them.
+type Appliance struct {
+	opt  Options
+	log  *slog.Logger
+	sw   *Switch
+	ctrl *control.Server
+
+	mu   sync.Mutex
+	nics map[string]*NIC
+	next int
+}
+
+// New returns an appliance with no ports.
+func New(opt Options) *Appliance {
+	if opt.Logger == nil {
+		opt.Logger = slog.Default()
+	}
+	a := &Appliance{opt: opt, log: opt.Logger, nics: map[string]*NIC{}}
+	if opt.LocalSwitch {
+		a.sw = NewSwitch()
+	}
+	a.ctrl = control.New(control.Config{Socket: opt.Socket, Limits: opt.Limits, Poll: opt.Poll, Logger: opt.Logger, PeerNetns: opt.PeerNetns})
+	return a
+}
+
+// Control returns the control server.
+func (a *Appliance) Control() *control.Server { return a.ctrl }
+
+// Switch returns the local switch, nil when it is off.
+func (a *Appliance) Switch() *Switch { return a.sw }
+
+// AddPort opens a port and makes it a device clients can open, named
+// taproce0, taproce1, … in order.
+func (a *Appliance) AddPort(cfg PortConfig) (*NIC, error) { return a.AddPortOn(nil, cfg) }
+
+// AddPortOn is AddPort on an existing device (a fake in tests); nil opens
+// a TAP as AddPort does.
+func (a *Appliance) AddPortOn(dev tap.Device, cfg PortConfig) (*NIC, error) {
+	nsPath := cfg.Netns
+	if nsPath == "" {
+		nsPath = "/proc/self/ns/net"
+	}
+	ino, err := control.NetnsInode(nsPath)
+	if err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	name := fmt.Sprintf("taproce%d", a.next)
+	a.next++
+	a.mu.Unlock()
+	if cfg.Logger == nil {
+		cfg.Logger = a.log
+	}
+	var n *NIC
+	if dev == nil {
+		n, err = OpenNIC(name, cfg, a.sw)
+	} else {
+		n, err = NewNIC(name, dev, cfg, a.sw)
+	}
+	if err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	a.nics[name] = n
+	a.mu.Unlock()
+	a.ctrl.AddDevice(&control.Device{Name: name, Netns: ino, Engine: n.Engine(), MAC: n.Port().MAC(), MTU: n.MTU(),
+		GIDs: n.GIDs, Resolve: n.Resolve})
+	return n, nil
+}
+
+// RemovePort withdraws a device (its clients get a fatal event) and closes
+// its port.
+func (a *Appliance) RemovePort(name string) error {
+	a.mu.Lock()
+	n := a.nics[name]
+	delete(a.nics, name)
+	a.mu.Unlock()
+	if n == nil {
+		return fmt.Errorf("appliance: no device %q", name)
+	}
+	a.ctrl.RemoveDevice(name)
+	return n.Close()
+}
+
+// NICs returns the devices, sorted by name.
+func (a *Appliance) NICs() []*NIC {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]*NIC, 0, len(a.nics))
+	for _, n := range a.nics {
+		out = append(out, n)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	return out
+}
+
+// Serve runs the control server until ctx ends.
+func (a *Appliance) Serve(ctx context.Context) error { return a.ctrl.Serve(ctx) }
+
+// Close disconnects the clients and closes every port.
+func (a *Appliance) Close() error {
+	err := a.ctrl.Close()
+	for _, n := range a.NICs() {
+		a.ctrl.RemoveDevice(n.name)
+		err = errors.Join(err, n.Close())
+	}
+	a.mu.Lock()
+	clear(a.nics)
+	a.mu.Unlock()
+	return err
+}

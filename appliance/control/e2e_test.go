@@ -1,0 +1,274 @@
+package control_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"net/netip"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/taproce/taproce/appliance"
+	"github.com/taproce/taproce/appliance/control"
+	"github.com/taproce/taproce/tap"
+	"github.com/taproce/taproce/verbs"
+)
+
+// rig is an appliance with two ports on a fake wire, serving verbs on a
+// socket in a temporary directory, and a client context on each port.
+type rig struct {
+	app    *appliance.Appliance
+	ca, cb *verbs.Context
+	ga, gb netip.Addr
+}
+
+func newRig(t *testing.T, localSwitch bool) *rig {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "taproce.sock")
+	t.Setenv("TAPROCE_SOCKET", sock)
+	self, err := control.NetnsInode("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := appliance.New(appliance.Options{Socket: sock, LocalSwitch: localSwitch,
+		PeerNetns: func(int32) (uint64, error) { return self, nil }})
+	a, b := tap.NewFakePair(1500, 1024)
+	for i, dev := range []tap.Device{a, b} {
+		addr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 77, 0, byte(i + 1)}), 24)
+		if _, err := app.AddPortOn(dev, appliance.PortConfig{Namespace: "e2e", Name: dev.Name(), Addrs: []netip.Prefix{addr}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := app.Control().Listen(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- app.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		app.Close()
+	})
+	r := &rig{app: app}
+	tctx := testCtx(t)
+	if r.ca, err = verbs.Open(tctx, "taproce0"); err != nil {
+		t.Fatal(err)
+	}
+	if r.cb, err = verbs.Open(tctx, "taproce1"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.ca.Close(); r.cb.Close() })
+	r.ga, _ = r.ca.GID(1)
+	r.gb, _ = r.cb.GID(1)
+	return r
+}
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// end is one side of a connection: PD, MR, CQ, QP.
+type end struct {
+	pd *verbs.PD
+	mr *verbs.MR
+	cq *verbs.CQ
+	qp *verbs.QP
+}
+
+func newEnd(t *testing.T, c *verbs.Context, typ verbs.QPType, size int) *end {
+	t.Helper()
+	ctx := testCtx(t)
+	e := &end{}
+	var err error
+	if e.pd, err = c.AllocPD(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if e.mr, err = e.pd.AllocMR(ctx, size, verbs.AccessLocalWrite|verbs.AccessRemoteWrite|verbs.AccessRemoteRead|verbs.AccessRemoteAtomic); err != nil {
+		t.Fatal(err)
+	}
+	if e.cq, err = c.CreateCQ(ctx, 256, nil); err != nil {
+		t.Fatal(err)
+	}
+	if e.qp, err = e.pd.CreateQP(ctx, verbs.QPInitAttr{Type: typ, SendCQ: e.cq, RecvCQ: e.cq,
+		Cap: verbs.QPCap{MaxSendWR: 64, MaxRecvWR: 64, MaxSendSGE: 2, MaxRecvSGE: 2, MaxInline: 64}}); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// connectRC takes two RC QPs through INIT, RTR and RTS to each other.
+func connectRC(t *testing.T, a, b *end, ga, gb netip.Addr) {
+	t.Helper()
+	ctx := testCtx(t)
+	all := verbs.AccessRemoteWrite | verbs.AccessRemoteRead | verbs.AccessRemoteAtomic
+	for _, x := range []struct {
+		e    *end
+		peer *end
+		dgid netip.Addr
+	}{{a, b, gb}, {b, a, ga}} {
+		q := x.e.qp
+		must(t, q.Modify(ctx, &verbs.QPAttr{State: verbs.QPSInit, Port: 1, Access: all},
+			verbs.QPStateMask|verbs.QPPKeyIndex|verbs.QPPort|verbs.QPAccessFlags))
+		must(t, q.Modify(ctx, &verbs.QPAttr{State: verbs.QPSRTR, PathMTU: verbs.MTU1024, DestQPN: x.peer.qp.Num(), RQPSN: 0,
+			MaxDestRdAtomic: 16, MinRNRTimer: 12, AH: verbs.AHAttr{DGID: x.dgid, SGIDIndex: 1, HopLimit: 1, Port: 1}},
+			verbs.QPStateMask|verbs.QPAV|verbs.QPPathMTU|verbs.QPDestQPN|verbs.QPRQPSN|verbs.QPMaxDestRdAtomic|verbs.QPMinRNRTimer))
+		must(t, q.Modify(ctx, &verbs.QPAttr{State: verbs.QPSRTS, SQPSN: 0, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16},
+			verbs.QPStateMask|verbs.QPSQPSN|verbs.QPTimeout|verbs.QPRetryCnt|verbs.QPRNRRetry|verbs.QPMaxQPRdAtomic))
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// wait polls cq until n completions came, or fails after a while.
+func wait(t *testing.T, cq *verbs.CQ, n int) []verbs.WC {
+	t.Helper()
+	var out []verbs.WC
+	wcs := make([]verbs.WC, 16)
+	deadline := time.Now().Add(10 * time.Second)
+	for len(out) < n {
+		k := cq.Poll(wcs)
+		if k < 0 {
+			t.Fatal("CQ destroyed")
+		}
+		out = append(out, wcs[:k]...)
+		if k == 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of %d completions: %+v", len(out), n, out)
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+	return out
+}
+
+// TestVerbsRC: through the control socket and the shared rings, two
+// clients connect RC QPs and run SEND with immediate, WRITE, READ and
+// both atomics, with the data checked — over the fake wire and over the
+// local switch.
+func TestVerbsRC(t *testing.T) {
+	for _, local := range []bool{false, true} {
+		name := map[bool]string{false: "wire", true: "local switch"}[local]
+		t.Run(name, func(t *testing.T) {
+			r := newRig(t, local)
+			a, b := newEnd(t, r.ca, verbs.RC, 1<<20), newEnd(t, r.cb, verbs.RC, 1<<20)
+			connectRC(t, a, b, r.ga, r.gb)
+			// SEND with immediate.
+			_, err := b.qp.PostRecv([]verbs.RecvWR{{ID: 1, SGL: []verbs.SGE{b.mr.SGE(0, 4096)}}})
+			must(t, err)
+			copy(a.mr.Bytes(), "hello over shared memory")
+			_, err = a.qp.PostSend([]verbs.SendWR{{ID: 2, Opcode: verbs.WRSendWithImm, Flags: verbs.SendSignaled, Imm: 0x01020304,
+				SGL: []verbs.SGE{a.mr.SGE(0, 24)}}})
+			must(t, err)
+			got := wait(t, b.cq, 1)[0]
+			if got.Status != verbs.WCSuccess || got.Opcode != verbs.WCRecv || got.ByteLen != 24 || got.Imm != 0x01020304 ||
+				got.Flags&verbs.WCWithImm == 0 || string(b.mr.Bytes()[:24]) != "hello over shared memory" {
+				t.Fatalf("receive %+v %q", got, b.mr.Bytes()[:24])
+			}
+			if wc := wait(t, a.cq, 1)[0]; wc.ID != 2 || wc.Status != verbs.WCSuccess || wc.Opcode != verbs.WCSend {
+				t.Fatalf("send %+v", wc)
+			}
+			// WRITE 256 KiB, READ it back elsewhere.
+			const n = 256 << 10
+			for i := range n {
+				a.mr.Bytes()[i] = byte(i*13 + i>>9)
+			}
+			_, err = a.qp.PostSend([]verbs.SendWR{
+				{ID: 3, Opcode: verbs.WRRDMAWrite, Flags: verbs.SendSignaled, SGL: []verbs.SGE{a.mr.SGE(0, n)}, RemoteAddr: b.mr.Addr() + 8192, RKey: b.mr.RKey},
+				{ID: 4, Opcode: verbs.WRRDMARead, Flags: verbs.SendSignaled, SGL: []verbs.SGE{a.mr.SGE(n, n)}, RemoteAddr: b.mr.Addr() + 8192, RKey: b.mr.RKey},
+			})
+			must(t, err)
+			for _, wc := range wait(t, a.cq, 2) {
+				if wc.Status != verbs.WCSuccess {
+					t.Fatalf("%+v", wc)
+				}
+			}
+			if !bytes.Equal(b.mr.Bytes()[8192:8192+n], a.mr.Bytes()[:n]) || !bytes.Equal(a.mr.Bytes()[n:2*n], a.mr.Bytes()[:n]) {
+				t.Fatal("WRITE/READ data differs")
+			}
+			// Atomics on B's counter.
+			binary.LittleEndian.PutUint64(b.mr.Bytes()[512<<10:], 40)
+			ctr := b.mr.Addr() + 512<<10
+			_, err = a.qp.PostSend([]verbs.SendWR{
+				{ID: 5, Opcode: verbs.WRAtomicFetchAdd, Flags: verbs.SendSignaled, SGL: []verbs.SGE{a.mr.SGE(600<<10, 8)}, RemoteAddr: ctr, RKey: b.mr.RKey, CompareAdd: 2},
+				{ID: 6, Opcode: verbs.WRAtomicCmpAndSwp, Flags: verbs.SendSignaled, SGL: []verbs.SGE{a.mr.SGE(601<<10, 8)}, RemoteAddr: ctr, RKey: b.mr.RKey, CompareAdd: 42, Swap: 7},
+			})
+			must(t, err)
+			wait(t, a.cq, 2)
+			if f, c, v := binary.LittleEndian.Uint64(a.mr.Bytes()[600<<10:]), binary.LittleEndian.Uint64(a.mr.Bytes()[601<<10:]),
+				binary.LittleEndian.Uint64(b.mr.Bytes()[512<<10:]); f != 40 || c != 42 || v != 7 {
+				t.Fatalf("atomics: fetch-add %d, cmp-swap %d, counter %d", f, c, v)
+			}
+			if local && r.app.Switch().Frames() == 0 {
+				t.Fatal("nothing crossed the local switch")
+			}
+		})
+	}
+}
+
+// TestVerbsMisuse: what libibverbs refuses, refused the same way.
+func TestVerbsMisuse(t *testing.T) {
+	r := newRig(t, true)
+	ctx := testCtx(t)
+	a := newEnd(t, r.ca, verbs.RC, 4096)
+	// Posting on a RESET QP.
+	if _, err := a.qp.PostSend([]verbs.SendWR{{Opcode: verbs.WRSend, SGL: []verbs.SGE{a.mr.SGE(0, 1)}}}); !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("post send in RESET: %v", err)
+	}
+	if _, err := a.qp.PostRecv([]verbs.RecvWR{{SGL: []verbs.SGE{a.mr.SGE(0, 1)}}}); !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("post receive in RESET: %v", err)
+	}
+	// A transition with a missing attribute (INIT needs the port etc.).
+	if err := a.qp.Modify(ctx, &verbs.QPAttr{State: verbs.QPSInit}, verbs.QPStateMask); !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("RESET→INIT without attributes: %v", err)
+	}
+	// RESET→RTS is no transition at all.
+	if err := a.qp.Modify(ctx, &verbs.QPAttr{State: verbs.QPSRTS}, verbs.QPStateMask); !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("RESET→RTS: %v", err)
+	}
+	must(t, a.qp.Modify(ctx, &verbs.QPAttr{State: verbs.QPSInit, Port: 1}, verbs.QPStateMask|verbs.QPPKeyIndex|verbs.QPPort|verbs.QPAccessFlags))
+	// Overrunning the receive queue.
+	wrs := make([]verbs.RecvWR, 65)
+	for i := range wrs {
+		wrs[i] = verbs.RecvWR{ID: uint64(i), SGL: []verbs.SGE{a.mr.SGE(0, 8)}}
+	}
+	if n, err := a.qp.PostRecv(wrs); n != 64 || !errors.Is(err, syscall.ENOMEM) {
+		t.Fatalf("overrun: posted %d, %v", n, err)
+	}
+	// Destroying what is in use, then double destroy.
+	if err := a.cq.Destroy(ctx); !errors.Is(err, syscall.EBUSY) {
+		t.Fatalf("destroy a CQ in use: %v", err)
+	}
+	if err := a.pd.Dealloc(ctx); !errors.Is(err, syscall.EBUSY) {
+		t.Fatalf("dealloc a PD in use: %v", err)
+	}
+	must(t, a.qp.Destroy(ctx))
+	if err := a.qp.Destroy(ctx); !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("double destroy QP: %v", err)
+	}
+	must(t, a.cq.Destroy(ctx))
+	if n := a.cq.Poll(make([]verbs.WC, 1)); n != -1 {
+		t.Fatalf("poll a destroyed CQ: %d", n)
+	}
+	if err := a.cq.Destroy(ctx); !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("double destroy CQ: %v", err)
+	}
+	must(t, a.mr.Dereg(ctx))
+	must(t, a.pd.Dealloc(ctx))
+	if err := a.pd.Dealloc(ctx); !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("double dealloc PD: %v", err)
+	}
+	if st := r.app.Control().Stats(); st.QPs != 0 || st.CQs != 0 || st.MRs != 0 || st.PDs != 0 {
+		t.Fatalf("objects left: %+v", st)
+	}
+}

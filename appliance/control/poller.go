@@ -1,0 +1,255 @@
+package control
+
+import (
+	"runtime"
+	"time"
+
+	"github.com/taproce/taproce/appliance/transport"
+	"github.com/taproce/taproce/verbs/abi"
+)
+
+// ringWork is one thing the poller drains: a QP's send and receive rings,
+// or an SRQ's ring.
+type ringWork struct {
+	q   *qpObj
+	srq *srqObj
+}
+
+// rebuildRings refreshes the poller's list after a QP or SRQ came or went
+// and wakes it; ss.mu is held.
+func (ss *session) rebuildRings() {
+	list := make([]ringWork, 0, len(ss.qps)+len(ss.srqs))
+	for _, q := range ss.qps {
+		list = append(list, ringWork{q: q})
+	}
+	for _, s := range ss.srqs {
+		list = append(list, ringWork{srq: s})
+	}
+	ss.rings.Store(&list)
+	if ss.kick != nil {
+		_ = ss.kick.Ring()
+	}
+}
+
+// postBatch is how many work requests the poller hands the transport at
+// once.
+const postBatch = 32
+
+// batch holds the poller's conversions, allocated once.
+type batch struct {
+	wqe   abi.SendWQE
+	rwqe  abi.RecvWQE
+	send  [postBatch]transport.SendWR
+	recv  [postBatch]transport.RecvWR
+	ssges [postBatch][abi.MaxSGE]transport.SGE
+	rsges [postBatch][abi.MaxSGE]transport.SGE
+}
+
+// spinFor is how long the adaptive poller keeps looking after its last
+// work before it sleeps.
+const spinFor = 50 * time.Microsecond
+
+// poll moves the client's posts from its rings to the transport until the
+// session ends, sleeping on the doorbell when there is nothing to do.
+func (ss *session) poll() {
+	defer ss.poller.Done()
+	b := new(batch)
+	mode := ss.srv.cfg.Poll
+	var idleSince time.Time
+	for ss.ctx.Err() == nil {
+		if ss.drain(b) {
+			idleSince = time.Time{}
+			continue
+		}
+		switch mode {
+		case PollSpin:
+			runtime.Gosched()
+			continue
+		case PollAdaptive:
+			now := time.Now()
+			if idleSince.IsZero() {
+				idleSince = now
+			}
+			if now.Sub(idleSince) < spinFor {
+				runtime.Gosched()
+				continue
+			}
+		}
+		if ss.prepareSleep() {
+			_ = ss.kick.Wait(ss.ctx)
+			_, _ = ss.kick.Drain()
+		}
+		ss.cancelSleep()
+		idleSince = time.Time{}
+	}
+}
+
+// prepareSleep tells every ring's producer to ring the doorbell, then
+// looks once more: it reports whether all are still empty.
+func (ss *session) prepareSleep() bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	for _, w := range *ss.rings.Load() {
+		if w.q != nil {
+			w.q.sq.PrepareSleep()
+			w.q.rq.PrepareSleep()
+		} else {
+			w.srq.rq.PrepareSleep()
+		}
+	}
+	for _, w := range *ss.rings.Load() {
+		if w.q != nil && (w.q.sq.Len() > 0 || w.q.rq.Len() > 0) || w.srq != nil && w.srq.rq.Len() > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func (ss *session) cancelSleep() {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	for _, w := range *ss.rings.Load() {
+		if w.q != nil {
+			w.q.sq.CancelSleep()
+			w.q.rq.CancelSleep()
+		} else {
+			w.srq.rq.CancelSleep()
+		}
+	}
+}
+
+// drain posts what the rings hold; it reports whether it found any.
+func (ss *session) drain(b *batch) bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	any := false
+	for _, w := range *ss.rings.Load() {
+		if w.q != nil {
+			any = ss.drainSend(w.q, b) || any
+			any = ss.drainRecv(w.q, b) || any
+		} else {
+			any = ss.drainSRQ(w.srq, b) || any
+		}
+	}
+	return any
+}
+
+func (ss *session) drainSend(q *qpObj, b *batch) bool {
+	n := min(q.sq.Len(), postBatch)
+	if n == 0 {
+		if q.sq.Err() != nil {
+			ss.corrupt(q)
+		}
+		return false
+	}
+	k := 0
+	for i := range n {
+		b.wqe.Get(q.sq.PeekAt(i))
+		w := &b.wqe
+		wr := &b.send[k]
+		*wr = transport.SendWR{ID: w.WRID, Opcode: transport.Opcode(w.Opcode), Flags: transport.SendFlags(w.Flags),
+			Imm: w.Imm, RemoteAddr: w.RemoteAddr, RKey: w.RKey, CompareAdd: w.CompareAdd, Swap: w.Swap,
+			RemoteQPN: w.RemoteQPN, RemoteQKey: w.RemoteQKey}
+		sg := b.ssges[k][:w.NumSGE]
+		for j := range sg {
+			s := w.SGL[j]
+			sg[j] = transport.SGE{Addr: s.Addr, Length: s.Length, LKey: s.LKey}
+		}
+		wr.SGL = sg
+		if wr.Flags&transport.SendInline != 0 {
+			wr.Inline = w.Inline
+		}
+		if q.typ == transport.UD {
+			ah := ss.ahs[abi.Handle(w.AH)]
+			if ah == nil {
+				ss.postSend(q, b.send[:k])
+				k = 0
+				ss.reject(q, wr)
+				continue
+			}
+			wr.AH = &ah.ah
+		}
+		k++
+	}
+	ss.postSend(q, b.send[:k])
+	q.sq.ReleaseN(n)
+	return true
+}
+
+// postSend hands wrs to the transport; a request it refuses completes
+// with a local QP operation error, as a driver would report it.
+func (ss *session) postSend(q *qpObj, wrs []transport.SendWR) {
+	for len(wrs) > 0 {
+		n, err := q.qp.PostSend(wrs)
+		if err == nil {
+			return
+		}
+		ss.reject(q, &wrs[n])
+		wrs = wrs[n+1:]
+	}
+}
+
+func (ss *session) reject(q *qpObj, wr *transport.SendWR) {
+	q.rejected.Add(1)
+	abi.Word64(q.state, abi.QPSendRetired).Add(1)
+	q.scq.push(&transport.WC{ID: wr.ID, Status: transport.WCLocQPOpErr, QPNum: q.qp.Num()})
+}
+
+func (ss *session) drainRecv(q *qpObj, b *batch) bool {
+	n := min(q.rq.Len(), postBatch)
+	if n == 0 {
+		return false
+	}
+	for i := range n {
+		b.rwqe.Get(q.rq.PeekAt(i))
+		b.recv[i] = recvWR(&b.rwqe, b.rsges[i][:])
+	}
+	wrs := b.recv[:n]
+	for len(wrs) > 0 {
+		k, err := q.qp.PostRecv(wrs)
+		if err == nil {
+			break
+		}
+		q.rcq.push(&transport.WC{ID: wrs[k].ID, Status: transport.WCLocQPOpErr, Opcode: transport.WCRecv, QPNum: q.qp.Num()})
+		wrs = wrs[k+1:]
+	}
+	q.rq.ReleaseN(n)
+	return true
+}
+
+func (ss *session) drainSRQ(s *srqObj, b *batch) bool {
+	n := min(s.rq.Len(), postBatch)
+	if n == 0 {
+		return false
+	}
+	for i := range n {
+		b.rwqe.Get(s.rq.PeekAt(i))
+		b.recv[i] = recvWR(&b.rwqe, b.rsges[i][:])
+	}
+	_, _ = s.srq.PostRecv(b.recv[:n]) // the client keeps within the depth; excess is lost as on a full SRQ
+	s.rq.ReleaseN(n)
+	return true
+}
+
+func recvWR(w *abi.RecvWQE, sges []transport.SGE) transport.RecvWR {
+	sg := sges[:w.NumSGE]
+	for j := range sg {
+		s := w.SGL[j]
+		sg[j] = transport.SGE{Addr: s.Addr, Length: s.Length, LKey: s.LKey}
+	}
+	return transport.RecvWR{ID: w.WRID, SGL: sg}
+}
+
+// corrupt handles a client that wrote nonsense into a ring's indices: its
+// QP goes to the error state and the client hears IBV_EVENT_QP_FATAL.
+func (ss *session) corrupt(q *qpObj) {
+	if q.qp.State() == transport.StateErr {
+		return
+	}
+	_ = q.qp.Modify(&transport.QPAttr{State: transport.StateErr}, transport.AttrState)
+	for h, x := range ss.qps {
+		if x == q {
+			ss.event(abi.EventQPFatal, h)
+		}
+	}
+}

@@ -1,0 +1,377 @@
+// Package control is the appliance's side of the verbs API: it serves
+// clients on a unix socket (SOCK_SEQPACKET), keeps each client's verbs
+// objects (PDs, MRs, CQs, QPs, SRQs, AHs, completion channels) in the
+// transport engine of the device the client opened, and moves work
+// requests and completions through rings in memory shared with the
+// client (package shmem, layouts in verbs/abi).
+//
+// A client may open only a device in its own network namespace, learned
+// from SO_PEERCRED and /proc/PID/ns/net. Its objects live as long as its
+// connection: when the client closes it or dies, everything it made is
+// destroyed, and its queue pairs make their peers fail rather than hang.
+package control
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/appliance/transport"
+	"github.com/taproce/taproce/shmem"
+)
+
+// DefaultSocket is where the appliance listens unless configured.
+const DefaultSocket = "/run/taproce/taproce.sock"
+
+// Device is a port as the control server serves it: an rxe-like device
+// with one physical port.
+type Device struct {
+	// Name is the device name clients open (taproce0, …).
+	Name string
+	// Netns is the inode of the device's network namespace; only clients
+	// in that namespace may open it.
+	Netns uint64
+	// Engine is the port's transport.
+	Engine *transport.Engine
+	// MAC is the port's address; MTU its netdev MTU.
+	MAC roce.MAC
+	MTU int
+	// GIDs returns the port's GID table.
+	GIDs func() []roce.GID
+	// Resolve finds the MAC of a destination (ARP/ND or the namespace's
+	// neighbours), for address vectors.
+	Resolve func(ctx context.Context, a netip.Addr) (roce.MAC, error)
+}
+
+// Limits bound what one client may hold; zero means the default.
+type Limits struct {
+	QPs, CQs, SRQs, MRs, PDs, AHs int
+	MRBytes                       int64
+}
+
+func (l Limits) withDefaults() Limits {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&l.QPs, 1024)
+	def(&l.CQs, 1024)
+	def(&l.SRQs, 256)
+	def(&l.MRs, 4096)
+	def(&l.PDs, 256)
+	def(&l.AHs, 4096)
+	if l.MRBytes <= 0 {
+		l.MRBytes = 16 << 30
+	}
+	return l
+}
+
+// PollMode says how the appliance waits for a client's posts.
+type PollMode int
+
+// Poll modes.
+const (
+	// PollAdaptive spins briefly after work, then sleeps on the doorbell.
+	PollAdaptive PollMode = iota
+	// PollBlock sleeps on the doorbell as soon as the rings are empty.
+	PollBlock
+	// PollSpin never sleeps (a core per client).
+	PollSpin
+)
+
+// ParsePollMode reads "block", "spin" or "adaptive".
+func ParsePollMode(s string) (PollMode, error) {
+	switch s {
+	case "", "adaptive":
+		return PollAdaptive, nil
+	case "block":
+		return PollBlock, nil
+	case "spin":
+		return PollSpin, nil
+	}
+	return 0, fmt.Errorf("control: poll mode %q: want block, spin or adaptive", s)
+}
+
+// Config describes a control server.
+type Config struct {
+	// Socket is the path to listen on (default DefaultSocket).
+	Socket string
+	// Limits per client.
+	Limits Limits
+	// Poll is how the appliance waits for posts.
+	Poll PollMode
+	// Linger is how long a dead client's QPs answer their peers with a
+	// NAK before they go (default 30 s).
+	Linger time.Duration
+	// Logger for the server's events (default slog.Default()).
+	Logger *slog.Logger
+	// PeerNetns returns the namespace inode of a process (default: from
+	// /proc/PID/ns/net); tests replace it.
+	PeerNetns func(pid int32) (uint64, error)
+}
+
+// Server serves the verbs API.
+type Server struct {
+	cfg Config
+	log *slog.Logger
+
+	mu       sync.Mutex
+	devices  map[string]*Device
+	sessions map[*session]struct{}
+	ln       *net.UnixListener
+	closed   bool
+	wg       sync.WaitGroup
+}
+
+// New returns a server for cfg; Serve starts it.
+func New(cfg Config) *Server {
+	if cfg.Socket == "" {
+		cfg.Socket = DefaultSocket
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.PeerNetns == nil {
+		cfg.PeerNetns = ProcNetns
+	}
+	if cfg.Linger == 0 {
+		cfg.Linger = 30 * time.Second
+	}
+	cfg.Limits = cfg.Limits.withDefaults()
+	return &Server{cfg: cfg, log: cfg.Logger.With("component", "control"), devices: map[string]*Device{}, sessions: map[*session]struct{}{}}
+}
+
+// ProcNetns returns the inode of process pid's network namespace.
+func ProcNetns(pid int32) (uint64, error) {
+	return NetnsInode(fmt.Sprintf("/proc/%d/ns/net", pid))
+}
+
+// NetnsInode returns the inode of the namespace at path (a /proc/PID/ns/net
+// link or a bind mount under /run/netns).
+func NetnsInode(path string) (uint64, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return 0, fmt.Errorf("control: namespace %s: %w", path, err)
+	}
+	return st.Ino, nil
+}
+
+// AddDevice makes d available to clients.
+func (s *Server) AddDevice(d *Device) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.devices[d.Name] = d
+}
+
+// RemoveDevice withdraws a device: its clients get IBV_EVENT_DEVICE_FATAL
+// and their QPs go to the error state.
+func (s *Server) RemoveDevice(name string) {
+	s.mu.Lock()
+	d := s.devices[name]
+	delete(s.devices, name)
+	var users []*session
+	for ss := range s.sessions {
+		if ss.device() == d {
+			users = append(users, ss)
+		}
+	}
+	s.mu.Unlock()
+	for _, ss := range users {
+		ss.deviceGone()
+	}
+}
+
+// Devices returns the devices, sorted by name.
+func (s *Server) Devices() []*Device {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*Device, 0, len(s.devices))
+	for _, d := range s.devices {
+		out = append(out, d)
+	}
+	sortDevices(out)
+	return out
+}
+
+func sortDevices(ds []*Device) {
+	for i := 1; i < len(ds); i++ {
+		for j := i; j > 0 && ds[j].Name < ds[j-1].Name; j-- {
+			ds[j], ds[j-1] = ds[j-1], ds[j]
+		}
+	}
+}
+
+// Stats counts the server's clients and their objects.
+type Stats struct {
+	Clients, PDs, MRs, CQs, QPs, SRQs, AHs int
+	MRBytes                                int64
+}
+
+// Stats returns the current counts.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	sessions := make([]*session, 0, len(s.sessions))
+	for ss := range s.sessions {
+		sessions = append(sessions, ss)
+	}
+	s.mu.Unlock()
+	st := Stats{Clients: len(sessions)}
+	for _, ss := range sessions {
+		ss.mu.Lock()
+		st.PDs += len(ss.pds)
+		st.MRs += len(ss.mrs)
+		st.CQs += len(ss.cqs)
+		st.QPs += len(ss.qps)
+		st.SRQs += len(ss.srqs)
+		st.AHs += len(ss.ahs)
+		st.MRBytes += ss.mrBytes
+		ss.mu.Unlock()
+	}
+	return st
+}
+
+// Listen opens the socket: its directory is created, a stale socket file
+// replaced, and the socket made accessible to every local user (access to
+// devices is decided by namespace, not by file mode).
+func (s *Server) Listen() error {
+	if err := os.MkdirAll(filepath.Dir(s.cfg.Socket), 0o755); err != nil {
+		return fmt.Errorf("control: %w", err)
+	}
+	if c, err := net.Dial("unixpacket", s.cfg.Socket); err == nil {
+		c.Close()
+		return fmt.Errorf("control: %s: another appliance is serving it", s.cfg.Socket)
+	}
+	_ = os.Remove(s.cfg.Socket)
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: s.cfg.Socket, Net: "unixpacket"})
+	if err != nil {
+		return fmt.Errorf("control: listen: %w", err)
+	}
+	_ = os.Chmod(s.cfg.Socket, 0o666)
+	s.mu.Lock()
+	s.ln = ln
+	s.mu.Unlock()
+	return nil
+}
+
+// Serve accepts clients until ctx ends or Close is called; it calls Listen
+// first when that has not been done.
+func (s *Server) Serve(ctx context.Context) error {
+	s.mu.Lock()
+	ln := s.ln
+	s.mu.Unlock()
+	if ln == nil {
+		if err := s.Listen(); err != nil {
+			return err
+		}
+		ln = s.ln
+	}
+	stop := context.AfterFunc(ctx, func() { s.Close() })
+	defer stop()
+	for {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed || errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			s.log.Warn("accept", "err", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		ss, err := s.newSession(c)
+		if err != nil {
+			s.log.Warn("client refused", "err", err)
+			c.Close()
+			continue
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			c.Close()
+			continue
+		}
+		s.sessions[ss] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go func() {
+			defer s.wg.Done()
+			ss.run()
+			s.mu.Lock()
+			delete(s.sessions, ss)
+			s.mu.Unlock()
+		}()
+	}
+}
+
+// Close stops accepting, disconnects every client (destroying its
+// objects) and removes the socket.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	ln := s.ln
+	for ss := range s.sessions {
+		ss.conn.Close()
+	}
+	s.mu.Unlock()
+	if ln != nil {
+		ln.Close()
+	}
+	s.wg.Wait()
+	return nil
+}
+
+// Socket returns the path the server listens on.
+func (s *Server) Socket() string { return s.cfg.Socket }
+
+func (s *Server) device(name string) *Device {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.devices[name]
+}
+
+// peerCred returns the PID of the process at the other end of c.
+func peerCred(c *net.UnixConn) (int32, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var cred *syscall.Ucred
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, serr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
+	}); err != nil {
+		return 0, err
+	}
+	if serr != nil {
+		return 0, fmt.Errorf("SO_PEERCRED: %w", serr)
+	}
+	return cred.Pid, nil
+}
+
+// Regions of the shared objects are memfds made here; the client maps
+// them. closeAll closes what it is given, ignoring nils.
+func closeAll(cs ...interface{ Close() error }) {
+	for _, c := range cs {
+		if c != nil {
+			_ = c.Close()
+		}
+	}
+}
+
+var _ = shmem.ErrSize

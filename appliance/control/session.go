@@ -1,0 +1,335 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/taproce/taproce/appliance/transport"
+	"github.com/taproce/taproce/shmem"
+	"github.com/taproce/taproce/verbs/abi"
+)
+
+// session is one client connection and everything it made.
+type session struct {
+	srv   *Server
+	conn  *net.UnixConn
+	pid   int32
+	netns uint64
+	log   *slog.Logger
+
+	wmu sync.Mutex // serialises writes to conn
+
+	mu      sync.Mutex
+	dev     *Device
+	kick    *shmem.Doorbell // the client rings it after posting to a sleeping appliance
+	next    abi.Handle
+	pds     map[abi.Handle]*pdObj
+	mrs     map[abi.Handle]*mrObj
+	chans   map[abi.Handle]*chanObj
+	cqs     map[abi.Handle]*cqObj
+	qps     map[abi.Handle]*qpObj
+	srqs    map[abi.Handle]*srqObj
+	ahs     map[abi.Handle]*ahObj
+	mrBytes int64
+	gone    bool // the device was withdrawn
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	poller sync.WaitGroup
+	rings  atomic.Pointer[[]ringWork] // what the poller drains, rebuilt on change
+}
+
+func (s *Server) newSession(c *net.UnixConn) (*session, error) {
+	pid, err := peerCred(c)
+	if err != nil {
+		return nil, err
+	}
+	ns, err := s.cfg.PeerNetns(pid)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ss := &session{
+		srv: s, conn: c, pid: pid, netns: ns, log: s.log.With("pid", pid),
+		pds: map[abi.Handle]*pdObj{}, mrs: map[abi.Handle]*mrObj{}, chans: map[abi.Handle]*chanObj{},
+		cqs: map[abi.Handle]*cqObj{}, qps: map[abi.Handle]*qpObj{}, srqs: map[abi.Handle]*srqObj{},
+		ahs: map[abi.Handle]*ahObj{}, ctx: ctx, cancel: cancel,
+	}
+	empty := []ringWork{}
+	ss.rings.Store(&empty)
+	return ss, nil
+}
+
+func (ss *session) device() *Device {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.dev
+}
+
+// run serves the client's requests until it goes, then destroys its
+// objects.
+func (ss *session) run() {
+	defer ss.teardown()
+	buf := make([]byte, abi.MaxMessage)
+	for {
+		n, fds, err := shmem.RecvMsg(ss.conn, buf, 4)
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				ss.log.Debug("client gone", "err", err)
+			}
+			return
+		}
+		h, body, err := abi.DecodeHeader(buf[:n])
+		if err != nil || h.Flags != 0 {
+			closeFds(fds)
+			ss.log.Warn("bad message, client disconnected", "err", err)
+			return
+		}
+		reply, rfds, err := ss.handle(h.Op, body, fds)
+		if err != nil {
+			closeFds(fds)
+			ss.log.Warn("bad request, client disconnected", "op", h.Op, "err", err)
+			return
+		}
+		msg, err := abi.Encode(nil, abi.Header{Op: h.Op, Flags: abi.FlagReply, Seq: h.Seq}, reply)
+		if err == nil {
+			err = ss.send(msg, rfds...)
+		}
+		if err != nil {
+			ss.log.Debug("reply failed", "err", err)
+			return
+		}
+	}
+}
+
+func (ss *session) send(msg []byte, fds ...int) error {
+	ss.wmu.Lock()
+	defer ss.wmu.Unlock()
+	return shmem.SendMsg(ss.conn, msg, fds...)
+}
+
+// event sends an asynchronous event; a client that is gone misses it.
+func (ss *session) event(typ uint32, h abi.Handle) {
+	msg, err := abi.Encode(nil, abi.Header{Op: abi.OpEvent, Flags: abi.FlagEvent}, &abi.Event{Type: typ, Handle: h, Port: 1})
+	if err == nil {
+		go func() { _ = ss.send(msg) }() // never block an engine callback on the socket
+	}
+}
+
+func closeFds(fds []int) {
+	for _, fd := range fds {
+		_ = syscall.Close(fd)
+	}
+}
+
+// errno makes an errno reply error.
+func errno(e syscall.Errno, format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{e}, args...)...)
+}
+
+// handle dispatches one request. It returns the reply body and the fds to
+// send with it; an error means the request was malformed and the client
+// is cut off. A verbs failure is not an error here: it is an errno in the
+// reply.
+func (ss *session) handle(op abi.Op, body []byte, fds []int) (any, []int, error) {
+	needFd := op == abi.OpRegMR
+	if needFd != (len(fds) == 1) {
+		return nil, nil, fmt.Errorf("%v with %d descriptors", op, len(fds))
+	}
+	decode := func(v any) error { return abi.DecodeBody(body, v) }
+	if op != abi.OpListDevices && op != abi.OpOpen {
+		ss.mu.Lock()
+		opened := ss.dev != nil
+		ss.mu.Unlock()
+		if !opened {
+			return &abi.ErrnoReply{Errno: abi.Errno(syscall.EBADF)}, nil, nil
+		}
+	}
+	switch op {
+	case abi.OpListDevices:
+		if len(body) != 0 {
+			return nil, nil, abi.ErrLength
+		}
+		return ss.listDevices(), nil, nil
+	case abi.OpOpen:
+		var r abi.OpenRequest
+		if err := decode(&r); err != nil {
+			return nil, nil, err
+		}
+		rep, fd, err := ss.open(r.Name.String())
+		if err != nil {
+			return &abi.OpenReply{Errno: abi.ErrnoOf(err)}, nil, nil
+		}
+		return rep, []int{fd}, nil
+	case abi.OpQueryPort:
+		if len(body) != 0 {
+			return nil, nil, abi.ErrLength
+		}
+		return &abi.QueryPortReply{Port: portAttr(ss.device())}, nil, nil
+	case abi.OpAllocPD:
+		if len(body) != 0 {
+			return nil, nil, abi.ErrLength
+		}
+		h, err := ss.allocPD()
+		return &abi.HandleReply{Errno: abi.ErrnoOf(err), Handle: h}, nil, nil
+	case abi.OpRegMR:
+		var r abi.RegMRRequest
+		if err := decode(&r); err != nil {
+			return nil, nil, err
+		}
+		rep, err := ss.regMR(&r, fds[0])
+		if err != nil {
+			_ = syscall.Close(fds[0])
+			return &abi.RegMRReply{Errno: abi.ErrnoOf(err)}, nil, nil
+		}
+		return rep, nil, nil
+	case abi.OpCreateChannel:
+		if len(body) != 0 {
+			return nil, nil, abi.ErrLength
+		}
+		h, fd, err := ss.createChannel()
+		if err != nil {
+			return &abi.HandleReply{Errno: abi.ErrnoOf(err)}, nil, nil
+		}
+		return &abi.HandleReply{Handle: h}, []int{fd}, nil
+	case abi.OpCreateCQ:
+		var r abi.CreateCQRequest
+		if err := decode(&r); err != nil {
+			return nil, nil, err
+		}
+		rep, fd, err := ss.createCQ(&r)
+		if err != nil {
+			return &abi.CreateCQReply{Errno: abi.ErrnoOf(err)}, nil, nil
+		}
+		return rep, []int{fd}, nil
+	case abi.OpCreateQP:
+		var r abi.CreateQPRequest
+		if err := decode(&r); err != nil {
+			return nil, nil, err
+		}
+		rep, fd, err := ss.createQP(&r)
+		if err != nil {
+			return &abi.CreateQPReply{Errno: abi.ErrnoOf(err)}, nil, nil
+		}
+		return rep, []int{fd}, nil
+	case abi.OpModifyQP:
+		var r abi.ModifyQPRequest
+		if err := decode(&r); err != nil {
+			return nil, nil, err
+		}
+		return &abi.ErrnoReply{Errno: abi.ErrnoOf(ss.modifyQP(&r))}, nil, nil
+	case abi.OpQueryQP:
+		var r abi.HandleRequest
+		if err := decode(&r); err != nil {
+			return nil, nil, err
+		}
+		rep, err := ss.queryQP(r.Handle)
+		if err != nil {
+			return &abi.QueryQPReply{Errno: abi.ErrnoOf(err)}, nil, nil
+		}
+		return rep, nil, nil
+	case abi.OpCreateSRQ:
+		var r abi.CreateSRQRequest
+		if err := decode(&r); err != nil {
+			return nil, nil, err
+		}
+		rep, fd, err := ss.createSRQ(&r)
+		if err != nil {
+			return &abi.CreateSRQReply{Errno: abi.ErrnoOf(err)}, nil, nil
+		}
+		return rep, []int{fd}, nil
+	case abi.OpModifySRQ:
+		var r abi.ModifySRQRequest
+		if err := decode(&r); err != nil {
+			return nil, nil, err
+		}
+		return &abi.ErrnoReply{Errno: abi.ErrnoOf(ss.modifySRQ(&r))}, nil, nil
+	case abi.OpCreateAH:
+		var r abi.CreateAHRequest
+		if err := decode(&r); err != nil {
+			return nil, nil, err
+		}
+		h, err := ss.createAH(&r)
+		return &abi.HandleReply{Errno: abi.ErrnoOf(err), Handle: h}, nil, nil
+	case abi.OpDeallocPD, abi.OpDeregMR, abi.OpDestroyChannel, abi.OpDestroyCQ, abi.OpDestroyQP, abi.OpDestroySRQ, abi.OpDestroyAH:
+		var r abi.HandleRequest
+		if err := decode(&r); err != nil {
+			return nil, nil, err
+		}
+		return &abi.ErrnoReply{Errno: abi.ErrnoOf(ss.destroy(op, r.Handle))}, nil, nil
+	}
+	return nil, nil, fmt.Errorf("%w: %v from a client", abi.ErrOp, op)
+}
+
+// handle allocates the next object handle; ss.mu is held.
+func (ss *session) newHandle() abi.Handle {
+	ss.next++
+	return ss.next
+}
+
+// teardown destroys everything the client made. Its QPs are killed, so
+// their peers get NAKs and fail instead of retrying into the void.
+func (ss *session) teardown() {
+	ss.cancel()
+	ss.mu.Lock()
+	kick := ss.kick
+	ss.mu.Unlock()
+	if kick != nil {
+		_ = kick.Ring()
+	}
+	ss.poller.Wait()
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	dev := ss.dev
+	for h, q := range ss.qps {
+		q.kill(dev, ss.srv.cfg.Linger)
+		delete(ss.qps, h)
+	}
+	for h, s := range ss.srqs {
+		if dev != nil {
+			_ = dev.Engine.DestroySRQ(s.srq)
+		}
+		s.close()
+		delete(ss.srqs, h)
+	}
+	for h, c := range ss.cqs {
+		c.close()
+		delete(ss.cqs, h)
+	}
+	for h, c := range ss.chans {
+		c.close()
+		delete(ss.chans, h)
+	}
+	for h, m := range ss.mrs {
+		if dev != nil {
+			_ = dev.Engine.Memory().Deregister(m.mr)
+		}
+		m.close()
+		delete(ss.mrs, h)
+	}
+	clear(ss.pds)
+	clear(ss.ahs)
+	ss.mrBytes = 0
+	if ss.kick != nil {
+		ss.kick.Close()
+		ss.kick = nil
+	}
+	ss.conn.Close()
+}
+
+// deviceGone handles the withdrawal of the session's device.
+func (ss *session) deviceGone() {
+	ss.mu.Lock()
+	ss.gone = true
+	for _, q := range ss.qps {
+		_ = q.qp.Modify(&transport.QPAttr{State: transport.StateErr}, transport.AttrState)
+	}
+	ss.mu.Unlock()
+	ss.event(abi.EventDeviceFatal, 0)
+}

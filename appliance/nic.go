@@ -1,0 +1,313 @@
+package appliance
+
+import (
+	"context"
+	"encoding/binary"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/appliance/transport"
+	"github.com/taproce/taproce/tap"
+)
+
+// NIC is a port with its transport engine: one RDMA device of the
+// appliance. Its engine's frames leave through the port's TAP, or, for a
+// destination that is another NIC of the same appliance (or this one),
+// through the local switch without touching a TAP.
+type NIC struct {
+	name   string
+	port   *Port
+	engine atomic.Pointer[transport.Engine]
+	sw     *Switch
+
+	lmu    sync.Mutex
+	local  []localItem   // frames from the switch, for this NIC's engine
+	spare  []localItem   // the other half of the double buffer
+	signal chan struct{} // local has items
+	closed bool
+	stop   chan struct{}
+	wg     sync.WaitGroup
+	once   sync.Once
+}
+
+// localItem is a batch of frames crossing the local switch.
+type localItem struct {
+	frames [][]byte
+	done   func()
+}
+
+// OpenNIC opens a port for cfg and runs a transport engine on it. sw is
+// the local switch to join, nil for none.
+func OpenNIC(name string, cfg PortConfig, sw *Switch) (*NIC, error) {
+	n := &NIC{name: name, sw: sw, signal: make(chan struct{}, 1), stop: make(chan struct{})}
+	cfg.Handler = n.receive
+	p, err := OpenPort(cfg)
+	if err != nil {
+		return nil, err
+	}
+	n.start(p)
+	return n, nil
+}
+
+// NewNIC runs a port and its engine on an existing device (a fake in
+// tests); the NIC owns dev from then on.
+func NewNIC(name string, dev tap.Device, cfg PortConfig, sw *Switch) (*NIC, error) {
+	n := &NIC{name: name, sw: sw, signal: make(chan struct{}, 1), stop: make(chan struct{})}
+	cfg.Handler = n.receive
+	p, err := NewPort(dev, cfg)
+	if err != nil {
+		return nil, err
+	}
+	n.start(p)
+	return n, nil
+}
+
+func (n *NIC) start(p *Port) {
+	n.port = p
+	e := transport.NewEngine(transport.Config{MAC: p.MAC(), GIDs: p.Station().GIDs(), MTU: p.Device().MTU(), Out: nicOutput{n}})
+	n.engine.Store(e)
+	if n.sw != nil {
+		n.sw.join(n)
+	}
+	n.wg.Add(2)
+	go n.tickLoop(e)
+	go n.localLoop(e)
+}
+
+// Receive hands a RoCE packet from the port to the engine.
+func (n *NIC) Receive(frame []byte, p *roce.Packet) { n.receive(frame, p) }
+
+func (n *NIC) receive(frame []byte, p *roce.Packet) {
+	if e := n.engine.Load(); e != nil {
+		e.Receive(frame, p)
+	}
+}
+
+// Name returns the device name; Port and Engine its parts.
+func (n *NIC) Name() string              { return n.name }
+func (n *NIC) Port() *Port               { return n.port }
+func (n *NIC) Engine() *transport.Engine { return n.engine.Load() }
+func (n *NIC) GIDs() []roce.GID          { return n.port.Station().GIDs() }
+func (n *NIC) MTU() int                  { return n.port.Device().MTU() }
+func (n *NIC) Resolve(ctx context.Context, a netip.Addr) (roce.MAC, error) {
+	if n.sw != nil {
+		if peer := n.sw.lookup(a); peer != nil {
+			return peer.port.MAC(), nil
+		}
+	}
+	return n.port.Station().Resolve(ctx, a)
+}
+
+// Close stops the engine and closes the port.
+func (n *NIC) Close() error {
+	var err error
+	n.once.Do(func() {
+		if n.sw != nil {
+			n.sw.leave(n)
+		}
+		close(n.stop)
+		err = n.port.Close()
+		n.wg.Wait()
+	})
+	return err
+}
+
+// tickLoop runs the engine's timers.
+func (n *NIC) tickLoop(e *transport.Engine) {
+	defer n.wg.Done()
+	t := time.NewTimer(time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+		}
+		e.Tick()
+		d := time.Millisecond
+		if next, ok := e.NextDeadline(); ok {
+			d = min(max(time.Until(next), 50*time.Microsecond), time.Millisecond)
+		}
+		t.Reset(d)
+	}
+}
+
+// localLoop feeds the frames of the local switch to the engine. The
+// queue is unbounded: a sender must never wait for a receiver that might
+// be waiting for it; the senders' windows bound it.
+func (n *NIC) localLoop(e *transport.Engine) {
+	defer n.wg.Done()
+	var p roce.Packet
+	for {
+		select {
+		case <-n.signal:
+		case <-n.stop:
+			n.lmu.Lock()
+			n.closed = true
+			items := n.local
+			n.local = nil
+			n.lmu.Unlock()
+			for _, it := range items {
+				it.done()
+			}
+			return
+		}
+		n.lmu.Lock()
+		items := n.local
+		n.local, n.spare = n.spare[:0], nil
+		n.lmu.Unlock()
+		for i, it := range items {
+			for _, f := range it.frames {
+				if roce.Parse(f, &p) == nil {
+					e.Receive(f, &p)
+				}
+			}
+			it.done()
+			items[i] = localItem{}
+		}
+		n.lmu.Lock()
+		if n.spare == nil {
+			n.spare = items[:0]
+		}
+		n.lmu.Unlock()
+	}
+}
+
+// nicOutput routes an engine's frames: to a NIC on the local switch, or
+// out of the port.
+type nicOutput struct{ n *NIC }
+
+func (o nicOutput) Headroom() int { return tap.Headroom }
+
+// Send implements transport.Output (used only by synchronous callers).
+func (o nicOutput) Send(frames [][]byte) {
+	done := make(chan struct{})
+	o.SendBatch(&transport.Batch{Frames: frames, Release: func() { close(done) }})
+	<-done
+}
+
+// SendBatch implements transport.AsyncOutput.
+func (o nicOutput) SendBatch(b *transport.Batch) {
+	n := o.n
+	if n.sw != nil && len(b.Frames) > 0 {
+		first := n.sw.lookup(frameDst(b.Frames[0][tap.Headroom:]))
+		if first != nil {
+			same := true
+			for _, f := range b.Frames[1:] {
+				if n.sw.lookup(frameDst(f[tap.Headroom:])) != first {
+					same = false
+					break
+				}
+			}
+			if same {
+				n.sw.frames.Add(uint64(len(b.Frames)))
+				first.deliver(trim(b.Frames), b.Release)
+				return
+			}
+			n.sendMixed(b)
+			return
+		}
+	}
+	n.port.SendAsync(b.Frames, tap.Headroom, b.Release)
+}
+
+// trim drops the headroom of each frame, in place.
+func trim(frames [][]byte) [][]byte {
+	for i, f := range frames {
+		frames[i] = f[tap.Headroom:]
+	}
+	return frames
+}
+
+// sendMixed splits a batch whose frames go to several places: local
+// frames are copied to their NICs, the rest written to the port.
+func (n *NIC) sendMixed(b *transport.Batch) {
+	var remote [][]byte
+	for _, f := range b.Frames {
+		if peer := n.sw.lookup(frameDst(f[tap.Headroom:])); peer != nil {
+			n.sw.frames.Add(1)
+			peer.deliver([][]byte{append([]byte(nil), f[tap.Headroom:]...)}, func() {})
+			continue
+		}
+		remote = append(remote, f)
+	}
+	_ = n.port.Send(remote, tap.Headroom)
+	b.Release()
+}
+
+func (n *NIC) deliver(frames [][]byte, done func()) {
+	n.lmu.Lock()
+	if n.closed {
+		n.lmu.Unlock()
+		done()
+		return
+	}
+	n.local = append(n.local, localItem{frames: frames, done: done})
+	n.lmu.Unlock()
+	select {
+	case n.signal <- struct{}{}:
+	default:
+	}
+}
+
+// frameDst returns the destination IP of an Ethernet frame (invalid when
+// it is not IPv4 or IPv6).
+func frameDst(f []byte) netip.Addr {
+	if len(f) < roce.EthernetLen+roce.IPv6Len {
+		if len(f) >= roce.EthernetLen+roce.IPv4Len && binary.BigEndian.Uint16(f[12:]) == roce.EtherTypeIPv4 {
+			return netip.AddrFrom4([4]byte(f[30:34]))
+		}
+		return netip.Addr{}
+	}
+	switch binary.BigEndian.Uint16(f[12:]) {
+	case roce.EtherTypeIPv4:
+		return netip.AddrFrom4([4]byte(f[30:34]))
+	case roce.EtherTypeIPv6:
+		return netip.AddrFrom16([16]byte(f[38:54]))
+	}
+	return netip.Addr{}
+}
+
+// Switch joins the NICs of one appliance: frames between them cross in
+// memory, with the same packets, PSNs and acknowledgements as on a wire.
+type Switch struct {
+	mu     sync.RWMutex
+	byAddr map[netip.Addr]*NIC
+	frames atomic.Uint64
+}
+
+// NewSwitch returns an empty local switch.
+func NewSwitch() *Switch { return &Switch{byAddr: map[netip.Addr]*NIC{}} }
+
+// Frames counts the frames that crossed the switch.
+func (s *Switch) Frames() uint64 { return s.frames.Load() }
+
+func (s *Switch) join(n *NIC) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, g := range n.port.Station().GIDs() {
+		s.byAddr[g.Addr()] = n
+	}
+}
+
+func (s *Switch) leave(n *NIC) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for a, x := range s.byAddr {
+		if x == n {
+			delete(s.byAddr, a)
+		}
+	}
+}
+
+func (s *Switch) lookup(a netip.Addr) *NIC {
+	if !a.IsValid() {
+		return nil
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.byAddr[a]
+}
