@@ -265,10 +265,10 @@ func (c *exchangeCheck) finish(t *testing.T, before, after Counters) {
 	s := c.ep.Engine.Stats()
 	o := c.ours
 	t.Logf("rxe counters: %v", d)
-	t.Logf("taproce: sent %d received %d dropped %d retransmits %d timeouts %d NAKs sent %d received %d RNR NAKs sent %d received %d duplicates %d",
+	t.Logf("taproce: sent %d received %d dropped %d retransmits %d timeouts %d NAKs sent %d received %d RNR NAKs sent %d received %d duplicate requests %d responses %d",
 		s.Sent-o.Sent, s.Received-o.Received, s.Dropped-o.Dropped, s.Retransmits-o.Retransmits, s.Timeouts-o.Timeouts,
 		s.NAKsSent-o.NAKsSent, s.NAKsReceived-o.NAKsReceived, s.RNRNAKsSent-o.RNRNAKsSent, s.RNRNAKsReceived-o.RNRNAKsReceived,
-		s.Duplicates-o.Duplicates)
+		s.DuplicateRequests-o.DuplicateRequests, s.DuplicateResponses-o.DuplicateResponses)
 	for _, k := range errorCounters {
 		if d[k] != 0 {
 			t.Errorf("rxe counter %s rose by %d", k, d[k])

@@ -219,23 +219,23 @@ type AttrMask uint32
 
 // QP attribute mask bits.
 const (
-	QPStateMask        AttrMask = 1 << 0 // IBV_QP_STATE
-	QPCurState         AttrMask = 1 << 1
-	QPAccessFlags      AttrMask = 1 << 3
-	QPPKeyIndex        AttrMask = 1 << 4
-	QPPort             AttrMask = 1 << 5
-	QPQKey             AttrMask = 1 << 6
-	QPAV               AttrMask = 1 << 7
-	QPPathMTU          AttrMask = 1 << 8
-	QPTimeout          AttrMask = 1 << 9
-	QPRetryCnt         AttrMask = 1 << 10
-	QPRNRRetry         AttrMask = 1 << 11
-	QPRQPSN            AttrMask = 1 << 12
-	QPMaxQPRdAtomic    AttrMask = 1 << 13
-	QPMinRNRTimer      AttrMask = 1 << 15
-	QPSQPSN            AttrMask = 1 << 16
-	QPMaxDestRdAtomic  AttrMask = 1 << 17
-	QPDestQPN          AttrMask = 1 << 20
+	QPStateMask       AttrMask = 1 << 0 // IBV_QP_STATE
+	QPCurState        AttrMask = 1 << 1
+	QPAccessFlags     AttrMask = 1 << 3
+	QPPKeyIndex       AttrMask = 1 << 4
+	QPPort            AttrMask = 1 << 5
+	QPQKey            AttrMask = 1 << 6
+	QPAV              AttrMask = 1 << 7
+	QPPathMTU         AttrMask = 1 << 8
+	QPTimeout         AttrMask = 1 << 9
+	QPRetryCnt        AttrMask = 1 << 10
+	QPRNRRetry        AttrMask = 1 << 11
+	QPRQPSN           AttrMask = 1 << 12
+	QPMaxQPRdAtomic   AttrMask = 1 << 13
+	QPMinRNRTimer     AttrMask = 1 << 15
+	QPSQPSN           AttrMask = 1 << 16
+	QPMaxDestRdAtomic AttrMask = 1 << 17
+	QPDestQPN         AttrMask = 1 << 20
 )
 
 // AHAttr is an address vector (struct ibv_ah_attr with its GRH; RoCE

@@ -25,7 +25,7 @@ type rig struct {
 	ga, gb netip.Addr
 }
 
-func newRig(t *testing.T, localSwitch bool) *rig {
+func newRig(t testing.TB, localSwitch bool) *rig {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "taproce.sock")
 	t.Setenv("TAPROCE_SOCKET", sock)
@@ -67,7 +67,7 @@ func newRig(t *testing.T, localSwitch bool) *rig {
 	return r
 }
 
-func testCtx(t *testing.T) context.Context {
+func testCtx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
 	return ctx
@@ -81,7 +81,7 @@ type end struct {
 	qp *verbs.QP
 }
 
-func newEnd(t *testing.T, c *verbs.Context, typ verbs.QPType, size int) *end {
+func newEnd(t testing.TB, c *verbs.Context, typ verbs.QPType, size int) *end {
 	t.Helper()
 	ctx := testCtx(t)
 	e := &end{}
@@ -103,7 +103,7 @@ func newEnd(t *testing.T, c *verbs.Context, typ verbs.QPType, size int) *end {
 }
 
 // connectRC takes two RC QPs through INIT, RTR and RTS to each other.
-func connectRC(t *testing.T, a, b *end, ga, gb netip.Addr) {
+func connectRC(t testing.TB, a, b *end, ga, gb netip.Addr) {
 	t.Helper()
 	ctx := testCtx(t)
 	all := verbs.AccessRemoteWrite | verbs.AccessRemoteRead | verbs.AccessRemoteAtomic
@@ -123,7 +123,7 @@ func connectRC(t *testing.T, a, b *end, ga, gb netip.Addr) {
 	}
 }
 
-func must(t *testing.T, err error) {
+func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
@@ -131,7 +131,7 @@ func must(t *testing.T, err error) {
 }
 
 // wait polls cq until n completions came, or fails after a while.
-func wait(t *testing.T, cq *verbs.CQ, n int) []verbs.WC {
+func wait(t testing.TB, cq *verbs.CQ, n int) []verbs.WC {
 	t.Helper()
 	var out []verbs.WC
 	wcs := make([]verbs.WC, 16)

@@ -632,7 +632,8 @@ func (ss *session) createAH(r *abi.CreateAHRequest) (abi.Handle, error) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	h := ss.newHandle()
-	ss.ahs[h] = &ahObj{pd: pd, ah: transport.AH{DstIP: av.DstIP.As16(), DstMAC: av.DstMAC, SGIDIndex: av.SGIDIndex}}
+	ss.ahs[h] = &ahObj{pd: pd, ah: transport.AH{DstIP: av.DstIP.As16(), DstMAC: av.DstMAC, SGIDIndex: av.SGIDIndex,
+		HopLimit: av.HopLimit, TClass: av.TClass, FlowLabel: av.FlowLabel}}
 	return h, nil
 }
 
@@ -740,8 +741,7 @@ func (ss *session) destroy(op abi.Op, h abi.Handle) error {
 	return nil
 }
 
-// killQP ends a QP whose client is gone.
-var killQP = func(e *transport.Engine, qp *transport.QP, _ time.Duration) {
-	_ = qp.Modify(&transport.QPAttr{State: transport.StateErr}, transport.AttrState)
-	_ = e.DestroyQP(qp)
+// killQP ends a QP whose client is gone (transport.Engine.Kill).
+func killQP(e *transport.Engine, qp *transport.QP, linger time.Duration) {
+	_ = e.Kill(qp, linger)
 }

@@ -20,7 +20,7 @@ func (qp *QP) complete(frame []byte, p *roce.Packet) {
 		return
 	}
 	if psn.Diff(qp.acked) <= 0 && p.BTH.Opcode == roce.RCAcknowledge {
-		qp.e.stats.dups.Add(1) // still applied: completing is idempotent
+		qp.e.stats.dupResponses.Add(1) // still applied: completing is idempotent
 	}
 	progress := false
 	switch p.BTH.Opcode {
@@ -191,7 +191,10 @@ func (qp *QP) readResponse(frame []byte, p *roce.Packet) bool {
 	psn := p.BTH.PSN
 	w := qp.findResponder(psn, false)
 	if w == nil {
-		return false // stale
+		// Of a READ filled already, or of one a rewind went back past,
+		// which is asked for again: only the first is a duplicate.
+		qp.countStale(psn)
+		return false
 	}
 	pmtu := uint32(qp.pmtu)
 	want := w.firstPSN.Add(int(w.resp / pmtu))
@@ -199,11 +202,14 @@ func (qp *QP) readResponse(frame []byte, p *roce.Packet) bool {
 	if d < 0 || d >= 64 {
 		if d > 0 {
 			qp.askAgain(w)
+		} else {
+			qp.e.stats.dupResponses.Add(1) // data already placed
 		}
 		return false
 	}
 	if d > 0 && w.ahead&(1<<(d-1)) != 0 {
-		return false // a duplicate
+		qp.e.stats.dupResponses.Add(1) // placed ahead already
+		return false
 	}
 	off := uint32(psn.Diff(w.firstPSN)) * pmtu
 	n := uint32(p.PayloadLen)
@@ -258,6 +264,7 @@ func (qp *QP) readResponse(frame []byte, p *roce.Packet) bool {
 func (qp *QP) atomicAck(p *roce.Packet) bool {
 	w := qp.findResponder(p.BTH.PSN, true)
 	if w == nil || w.firstPSN != p.BTH.PSN {
+		qp.countStale(p.BTH.PSN)
 		return false
 	}
 	if !qp.e.mem.resolve(qp.cfg.PD, w.wr.SGL, true, &qp.scratch) || qp.scratch.total != 8 {
@@ -273,4 +280,14 @@ func (qp *QP) atomicAck(p *roce.Packet) bool {
 	}
 	qp.completeInOrder()
 	return true
+}
+
+// countStale counts a READ response or atomic acknowledgement that
+// matches no outstanding request as a duplicate when its PSN is
+// acknowledged already: a READ or atomic that has its answer acknowledges
+// its PSNs. One for a request a rewind went back past is not counted.
+func (qp *QP) countStale(psn roce.PSN) {
+	if psn.Diff(qp.acked) <= 0 {
+		qp.e.stats.dupResponses.Add(1)
+	}
 }

@@ -22,8 +22,9 @@ type Output interface {
 // goroutine of its own, so that building frames and writing them overlap.
 // The engine hands it whole batches with SendBatch; the output gives each
 // batch back with Batch.Release once it has written (or dropped) the
-// frames. An engine never reuses a batch before that, and waits for one
-// when all are out.
+// frames. An engine never reuses a batch before that; when all are out it
+// makes another, so the output must bound what it queues (by blocking in
+// SendBatch, as a busy TAP does).
 type AsyncOutput interface {
 	Output
 	SendBatch(b *Batch)
@@ -48,7 +49,9 @@ type Config struct {
 	// GIDs is the port's GID table; address vectors name the source GID
 	// by index.
 	GIDs []roce.GID
-	// MTU is the netdev MTU; it bounds the path MTU.
+	// MTU is the netdev MTU. The largest path MTU it carries
+	// (roce.MTUForNetdev) is the port's active MTU: a connected QP may not
+	// be given a larger one (see QP.Modify).
 	MTU int
 	// Out receives the frames.
 	Out Output
@@ -64,7 +67,14 @@ type Stats struct {
 	Retransmits, Timeouts        uint64
 	RNRNAKsSent, RNRNAKsReceived uint64
 	NAKsSent, NAKsReceived       uint64
-	Duplicates                   uint64
+	// DuplicateRequests counts request packets the responder had already
+	// executed (a PSN behind the expected one, IBA 9.7.4.1.2): answered
+	// again, never executed twice. rxe counts these as duplicate_request.
+	DuplicateRequests uint64
+	// DuplicateResponses counts acknowledgements, READ responses and
+	// atomic acknowledgements the completer had already seen: an ACK for
+	// PSNs already acknowledged, a response for data already received.
+	DuplicateResponses uint64
 }
 
 // Engine is the transport of one port. Its methods are safe for
@@ -81,11 +91,13 @@ type Engine struct {
 	async   AsyncOutput // cfg.Out when it writes asynchronously
 	free    chan *Batch // batches not handed out
 	cur     *Batch      // the batch being filled, nil when none
+	bufSize int         // bytes of a transmit buffer
 	curBufs int         // buffers of cur in use
 
 	stats struct {
-		sent, received, dropped, retransmits, timeouts     atomic.Uint64
-		rnrSent, rnrReceived, naksSent, naksReceived, dups atomic.Uint64
+		sent, received, dropped, retransmits, timeouts atomic.Uint64
+		rnrSent, rnrReceived, naksSent, naksReceived   atomic.Uint64
+		dupRequests, dupResponses                      atomic.Uint64
 	}
 }
 
@@ -115,18 +127,29 @@ func NewEngine(cfg Config) *Engine {
 		e.async, n = a, asyncBatches
 	}
 	e.free = make(chan *Batch, n)
+	e.bufSize = size
 	for range n {
-		b := &Batch{Frames: make([][]byte, 0, txBatchSize), bufs: make([][]byte, txBatchSize), free: e.free}
-		for i := range b.bufs {
-			b.bufs[i] = make([]byte, size)
-		}
-		b.Release = func() {
-			b.Frames = b.Frames[:0]
-			b.free <- b
-		}
-		e.free <- b
+		e.free <- e.newBatch()
 	}
 	return e
+}
+
+// newBatch allocates a batch of transmit buffers. A released batch goes
+// back to the free list, or, when the list is full (it was made while all
+// were out), to the garbage collector.
+func (e *Engine) newBatch() *Batch {
+	b := &Batch{Frames: make([][]byte, 0, txBatchSize), bufs: make([][]byte, txBatchSize), free: e.free}
+	for i := range b.bufs {
+		b.bufs[i] = make([]byte, e.bufSize)
+	}
+	b.Release = func() {
+		b.Frames = b.Frames[:0]
+		select {
+		case b.free <- b:
+		default:
+		}
+	}
+	return b
 }
 
 // Memory returns the engine's memory regions.
@@ -139,7 +162,7 @@ func (e *Engine) Stats() Stats {
 		Retransmits: e.stats.retransmits.Load(), Timeouts: e.stats.timeouts.Load(),
 		RNRNAKsSent: e.stats.rnrSent.Load(), RNRNAKsReceived: e.stats.rnrReceived.Load(),
 		NAKsSent: e.stats.naksSent.Load(), NAKsReceived: e.stats.naksReceived.Load(),
-		Duplicates: e.stats.dups.Load(),
+		DuplicateRequests: e.stats.dupRequests.Load(), DuplicateResponses: e.stats.dupResponses.Load(),
 	}
 }
 
@@ -151,7 +174,15 @@ func (e *Engine) frame() []byte {
 		e.flush()
 	}
 	if e.cur == nil {
-		e.cur = <-e.free
+		// With every batch out, make another rather than wait: the output
+		// may give batches back only after another engine's lock, which
+		// might be waiting for this one (two NICs of the local switch).
+		// The output bounds what is queued (a TAP's write queue blocks).
+		select {
+		case e.cur = <-e.free:
+		default:
+			e.cur = e.newBatch()
+		}
 		e.curBufs = 0
 	}
 	b := e.cur.bufs[e.curBufs]
@@ -243,12 +274,56 @@ func (e *Engine) DestroyQP(qp *QP) error {
 	if e.qps[qp.num] != qp {
 		return fmt.Errorf("%w: queue pair %#x is not there", ErrInvalid, qp.num)
 	}
+	e.remove(qp)
+	return nil
+}
+
+// Kill ends a queue pair whose owner is gone, such as a client process
+// that died, so that its peer fails instead of waiting for it. The QP
+// goes to the error state at once, its work flushed as a modify to ERR
+// flushes it (IBA 10.3.1). For linger after that, measured with the
+// engine's clock and checked by Tick, every RC request that arrives for
+// it is answered, not dropped: with a NAK of the remote operational error
+// code (AETH NAK code 3, IBA 9.7.5.2.1 table 44) carrying the QP's MSN as
+// it stands and the request's PSN, or the expected PSN when the request
+// lies beyond a gap, so that nothing the QP never executed is
+// acknowledged. The remote requester completes its work with
+// IBV_WC_REM_OP_ERR and moves to the error state (IBA 9.9.3.1.3), where
+// a dropped request would leave it retrying, forever with the retry_cnt
+// of 7 rxe takes as infinite. Then the QP is removed as DestroyQP removes
+// it; a linger of zero or less removes it at once. A killed QP refuses
+// Modify.
+func (e *Engine) Kill(qp *QP, linger time.Duration) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	defer e.flush()
+	if e.qps[qp.num] != qp {
+		return fmt.Errorf("%w: queue pair %#x is not there", ErrInvalid, qp.num)
+	}
+	if qp.state != StateErr {
+		qp.toError(WCWRFlushErr, false)
+	}
+	qp.nakAt, qp.inMsg = time.Time{}, false
+	if qp.stash != nil {
+		qp.stash.clear()
+	}
+	qp.killed = true
+	if linger <= 0 {
+		e.remove(qp)
+		return nil
+	}
+	qp.killAt = e.cfg.Now().Add(linger)
+	return nil
+}
+
+// remove takes a queue pair out of the engine. e.mu is held.
+func (e *Engine) remove(qp *QP) {
 	delete(e.qps, qp.num)
 	qp.state = StateReset
+	qp.killAt = time.Time{}
 	if qp.cfg.SRQ != nil {
 		qp.cfg.SRQ.users--
 	}
-	return nil
 }
 
 // Receive handles a RoCEv2 packet addressed to the port (the station
@@ -266,6 +341,8 @@ func (e *Engine) Receive(frame []byte, p *roce.Packet) {
 	}
 	info := p.Info()
 	switch {
+	case qp.killed:
+		qp.refuse(p)
 	case info.Has(roce.Request):
 		qp.respond(frame, p)
 	case info.Flags&(roce.Response|roce.Ack) != 0:
@@ -276,13 +353,20 @@ func (e *Engine) Receive(frame []byte, p *roce.Packet) {
 }
 
 // Tick runs the timers that are due: retransmission after a local ACK
-// timeout, resumption after an RNR delay.
+// timeout, resumption after an RNR delay, the removal of a killed queue
+// pair whose linger is over.
 func (e *Engine) Tick() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	defer e.flush()
 	now := e.cfg.Now()
 	for _, qp := range e.qps {
+		if qp.killed {
+			if !now.Before(qp.killAt) {
+				e.remove(qp)
+			}
+			continue
+		}
 		qp.tick(now)
 	}
 }
@@ -293,7 +377,7 @@ func (e *Engine) NextDeadline() (time.Time, bool) {
 	defer e.mu.Unlock()
 	var next time.Time
 	for _, qp := range e.qps {
-		for _, t := range []time.Time{qp.retryAt, qp.rnrAt, qp.nakAt} {
+		for _, t := range []time.Time{qp.retryAt, qp.rnrAt, qp.nakAt, qp.killAt} {
 			if !t.IsZero() && (next.IsZero() || t.Before(next)) {
 				next = t
 			}

@@ -91,9 +91,13 @@ type AddressVector struct {
 	DstIP     netip.Addr // destination GID as an address
 	DstMAC    roce.MAC
 	SGIDIndex uint8
-	FlowLabel uint32
-	HopLimit  uint8
-	TClass    uint8
+	FlowLabel uint32 // the IPv6 flow label; it also picks the UDP source port
+	// HopLimit is the hop limit asked for. ib_core replaces a RoCEv2
+	// connected QP's with the route's (ib_resolve_eth_dmac at
+	// ibv_modify_qp), and so does the engine: packets carry HopLimit
+	// (64) whatever it is, and Attr reports that, as ibv_query_qp does.
+	HopLimit uint8
+	TClass   uint8 // the IPv4 TOS or IPv6 traffic class
 }
 
 // QPAttr holds queue pair attributes (struct ibv_qp_attr).

@@ -89,6 +89,10 @@ type QP struct {
 	cacheN  int
 	stash   *reorderStash
 
+	// Kill: requests are refused until killAt, then the QP is removed.
+	killed bool
+	killAt time.Time
+
 	scratch sgl
 }
 
@@ -117,12 +121,24 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	defer e.flush()
+	if qp.killed {
+		return fmt.Errorf("%w: queue pair %#x is killed", ErrState, qp.num)
+	}
 	to, err := checkModify(qp.cfg.Type, qp.state, attr, mask)
 	if err != nil {
 		return err
 	}
-	if mask&AttrPathMTU != 0 && !attr.PathMTU.Valid() {
-		return fmt.Errorf("%w: path MTU %d", ErrInvalid, attr.PathMTU)
+	if mask&AttrPathMTU != 0 {
+		if !attr.PathMTU.Valid() {
+			return fmt.Errorf("%w: path MTU %d", ErrInvalid, attr.PathMTU)
+		}
+		// A path MTU the port cannot carry is refused, not shrunk: the
+		// peer, told the same path MTU, expects FIRST and MIDDLE packets
+		// of exactly that size (IBA 9.7.7, C9-33) and NAKs shorter ones.
+		if active := roce.MTUForNetdev(e.cfg.MTU); attr.PathMTU > active {
+			return fmt.Errorf("%w: path MTU %d above the port's active MTU %d (netdev MTU %d)",
+				ErrInvalid, attr.PathMTU.Bytes(), active.Bytes(), e.cfg.MTU)
+		}
 	}
 	if mask&AttrAV != 0 {
 		src, err := e.sourceAddr(attr.AV.SGIDIndex)
@@ -148,6 +164,7 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	}
 	if mask&AttrAV != 0 {
 		a.AV = attr.AV
+		a.AV.HopLimit = HopLimit
 	}
 	if mask&AttrPathMTU != 0 {
 		a.PathMTU = attr.PathMTU
@@ -213,6 +230,7 @@ func (qp *QP) reset() {
 	qp.attr = QPAttr{}
 	qp.inMsg, qp.nakSent, qp.msn, qp.reqOff, qp.rdAtomicOut = false, false, 0, 0, 0
 	qp.retryAt, qp.rnrAt, qp.nakAt = time.Time{}, time.Time{}, time.Time{}
+	qp.tmpl = roce.Packet{}
 	if qp.stash != nil {
 		qp.stash.clear()
 	}
@@ -221,11 +239,13 @@ func (qp *QP) reset() {
 	}
 }
 
-// prepare builds the packet template of a connected QP at INIT→RTR.
+// prepare builds the packet template of a connected QP at INIT→RTR. The
+// path MTU is used as given (Modify refused one the port cannot carry):
+// every FIRST and MIDDLE packet carries exactly that many bytes, as the
+// responder, told the same path MTU, checks (IBA 9.7.7, C9-33).
 func (qp *QP) prepare() {
 	e := qp.e
 	a := &qp.attr
-	qp.pmtu = min(a.PathMTU.Bytes(), roce.MTUForNetdev(e.cfg.MTU).Bytes())
 	if qp.cfg.Type == UD {
 		qp.pmtu = roce.MTUForNetdev(e.cfg.MTU).Bytes()
 		qp.sport = roce.DatagramSourcePort(qp.num)
@@ -233,28 +253,38 @@ func (qp *QP) prepare() {
 		qp.src = src
 		return
 	}
+	qp.pmtu = a.PathMTU.Bytes()
 	qp.src, _ = e.sourceAddr(a.AV.SGIDIndex)
 	qp.sport = roce.ConnectedSourcePort(a.AV.FlowLabel, qp.num, a.DestQPN)
-	qp.tmpl = qp.template(a.AV.DstIP, a.AV.DstMAC, a.DestQPN)
+	qp.tmpl = qp.template(a.AV.DstIP, a.AV.DstMAC, a.DestQPN, a.AV.TClass, a.AV.FlowLabel)
 }
 
-// template returns a packet with the addressing of a destination.
-func (qp *QP) template(dst netip.Addr, mac roce.MAC, dqpn uint32) roce.Packet {
-	hop := qp.attr.AV.HopLimit
-	if hop == 0 {
-		hop = 64
-	}
+// HopLimit is the IPv4 TTL or IPv6 hop limit of every packet an engine
+// sends, which carries the GRH hop limit of RoCEv2 (IBA Annex A17). For a
+// RoCEv2 GID, ib_core does not keep the hop limit a client gives a
+// connected QP's address vector or an address handle: ib_resolve_eth_dmac
+// puts in its place the hop limit of the IP route to the destination
+// (rdma_addr_find_l2_eth_by_grh; ip4_dst_hoplimit, ip6_dst_hoplimit),
+// which is the system default of 64 unless a route says otherwise, and
+// rxe sends that. So does the engine, whatever the hop limit asked for: 0,
+// 1 (what the pingpong tools ask for) or any other.
+const HopLimit = 64
+
+// template returns a packet with the addressing of a destination, the
+// traffic class in the IPv4 TOS or IPv6 traffic class and, for IPv6, the
+// flow label.
+func (qp *QP) template(dst netip.Addr, mac roce.MAC, dqpn uint32, tclass uint8, flow uint32) roce.Packet {
 	p := roce.Packet{
 		DstMAC: mac, SrcMAC: qp.e.cfg.MAC,
 		Src: qp.src.Unmap(), Dst: dst.Unmap(),
-		TOS: qp.attr.AV.TClass, TTL: hop, DontFragment: true,
+		TOS: tclass, TTL: HopLimit, DontFragment: true,
 		SrcPort: qp.sport, DstPort: roce.UDPPort,
 		BTH: roce.BTHFields{PKey: roce.DefaultPKey, DestQP: dqpn},
 	}
 	if !p.Src.Is4() {
 		p.IPv6 = true
 		p.DontFragment = false
-		p.FlowLabel = qp.attr.AV.FlowLabel
+		p.FlowLabel = flow & 0xFFFFF
 	}
 	return p
 }

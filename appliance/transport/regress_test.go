@@ -119,7 +119,7 @@ func TestUCResponderLoss(t *testing.T) {
 		AttrState|AttrAV|AttrPathMTU|AttrDestQPN|AttrRQPSN))
 	_, _ = qb.PostRecv([]RecvWR{{ID: 1, SGL: []SGE{{Addr: base, Length: 4096, LKey: mr.LKey}}}})
 	// Build a UC_SEND_MIDDLE at PSN 101 (FIRST at 100 was lost).
-	p := qb.template(s.a.ip, s.a.mac, qb.Num())
+	p := qb.template(s.a.ip, s.a.mac, qb.Num(), 0, 0)
 	p.Src, p.Dst = s.a.ip, s.b.ip
 	p.BTH.Opcode, p.BTH.PSN = roce.UCSendMiddle, 101
 	p.SetPayloadLen(1024)

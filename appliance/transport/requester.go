@@ -389,7 +389,7 @@ func (qp *QP) sendUD(w *sendWQE) {
 		return
 	}
 	qp.src = src
-	p := qp.template(netipFrom16(ah.DstIP), ah.DstMAC, w.wr.RemoteQPN)
+	p := qp.template(netipFrom16(ah.DstIP), ah.DstMAC, w.wr.RemoteQPN, ah.TClass, ah.FlowLabel)
 	if ah.SrcPort != 0 {
 		p.SrcPort = ah.SrcPort
 	}

@@ -20,7 +20,7 @@ func (qp *QP) respond(frame []byte, p *roce.Packet) {
 	d := p.BTH.PSN.Diff(qp.ePSN)
 	switch {
 	case d < 0:
-		qp.e.stats.dups.Add(1)
+		qp.e.stats.dupRequests.Add(1)
 		if qp.cfg.Type == RC {
 			qp.duplicate(frame, p)
 		}
@@ -86,6 +86,24 @@ func (qp *QP) execute(frame []byte, p *roce.Packet) {
 	default:
 		qp.nak(roce.NAKInvalidRequest)
 	}
+}
+
+// refuse answers a packet for a killed QP (Engine.Kill): an RC request is
+// NAKed with the remote operational error code and the QP's MSN, with the
+// request's PSN, or the expected PSN when the request lies beyond it: the
+// requester takes a NAK as acknowledging every PSN before its own. Anything
+// else, and a request to a QP that never had a peer, is dropped.
+func (qp *QP) refuse(p *roce.Packet) {
+	if qp.cfg.Type != RC || !p.Info().Has(roce.Request) || !qp.tmpl.Dst.IsValid() {
+		qp.e.stats.dropped.Add(1)
+		return
+	}
+	psn := p.BTH.PSN
+	if psn.Diff(qp.ePSN) > 0 {
+		psn = qp.ePSN
+	}
+	qp.e.stats.naksSent.Add(1)
+	qp.sendAck(psn, roce.SyndromeNAK|roce.NAKRemoteOperationError)
 }
 
 // reorderWindow is how far ahead of the expected PSN a request may be

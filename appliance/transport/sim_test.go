@@ -30,6 +30,7 @@ type simPort struct {
 	peer  *simPort
 	im    *impair.Impairer
 	sim   *sim
+	watch func(frame []byte) // when set, sees every frame the port sends
 }
 
 // Headroom implements Output.
@@ -41,6 +42,9 @@ func (p *simPort) Send(frames [][]byte) {
 	for _, f := range frames {
 		f = f[10:]
 		p.sim.sent++
+		if p.watch != nil {
+			p.watch(f)
+		}
 		p.im.Apply(f, p.sim.clock.now, func(g []byte) {
 			p.peer.inbox = append(p.peer.inbox, append([]byte(nil), g...))
 		})
@@ -162,6 +166,9 @@ type connOpts struct {
 	size                int
 	access              Access
 	rd                  uint8 // max_rd_atomic and max_dest_rd_atomic (16)
+	// av, when set, gives the address vector towards peer (default: its
+	// IPv4 address from GID index 1).
+	av func(peer *simPort) AddressVector
 }
 
 func (s *sim) connect(o connOpts) *conn {
@@ -198,9 +205,14 @@ func (s *sim) connect(o connOpts) *conn {
 	}
 	c.qa = side(s.a, &c.bufa, &c.pda, &c.mra, &c.cqa, &c.rcqa)
 	c.qb = side(s.b, &c.bufb, &c.pdb, &c.mrb, &c.cqb, &c.rcqb)
+	if o.av == nil {
+		o.av = func(peer *simPort) AddressVector {
+			return AddressVector{DstIP: peer.ip, DstMAC: peer.mac, SGIDIndex: 1}
+		}
+	}
 	up := func(qp *QP, peer *simPort, dqpn uint32, rq, sq roce.PSN) {
 		must(s.t, qp.Modify(&QPAttr{State: StateInit, Port: 1, Access: o.access}, AttrState|AttrPKeyIndex|AttrPort|AttrAccessFlags))
-		must(s.t, qp.Modify(&QPAttr{State: StateRTR, AV: AddressVector{DstIP: peer.ip, DstMAC: peer.mac, SGIDIndex: 1},
+		must(s.t, qp.Modify(&QPAttr{State: StateRTR, AV: o.av(peer),
 			PathMTU: o.pmtu, DestQPN: dqpn, RQPSN: rq, MaxDestRdAtomic: o.rd, MinRNRTimer: 1},
 			AttrState|AttrAV|AttrPathMTU|AttrDestQPN|AttrRQPSN|AttrMaxDestRdAtomic|AttrMinRNRTimer))
 		must(s.t, qp.Modify(&QPAttr{State: StateRTS, SQPSN: sq, Timeout: o.timeout, RetryCnt: o.retry, RNRRetry: o.rnr, MaxRdAtomic: o.rd},

@@ -120,12 +120,24 @@ const (
 	SendInline    SendFlags = 8
 )
 
-// AH is an address handle: where a UD send goes.
+// AH is an address handle: where a UD send goes (struct ibv_ah_attr with
+// its GRH, which RoCE always has).
 type AH struct {
 	DstIP     [16]byte // GID of the destination (IPv4-mapped for IPv4)
 	DstMAC    [6]byte
 	SGIDIndex uint8  // source GID
 	SrcPort   uint16 // UDP source port; 0 lets the engine choose
+	// HopLimit is the GRH hop limit asked for. As ib_core does for an
+	// address handle of a RoCEv2 GID (rdma_create_user_ah), the engine
+	// replaces it with the route's: packets carry HopLimit (64) whatever
+	// it is.
+	HopLimit uint8
+	// TClass is the GRH traffic class: the IPv4 TOS or IPv6 traffic
+	// class of the packets.
+	TClass uint8
+	// FlowLabel is the GRH flow label, the IPv6 flow label of the packets
+	// (20 bits).
+	FlowLabel uint32
 }
 
 // SendWR is a send work request (struct ibv_send_wr).

@@ -87,12 +87,16 @@ type rcPair struct {
 	mra, mrb   *transport.MR
 	bufa, bufb []byte
 	wake       chan struct{}
+	pmtu       roce.MTU // the path MTU of both QPs
 }
 
 const rdmaBase = 0x7f0000000000
 
 func connectRC(ctx context.Context, ea, eb *transport.Engine, a, b *Host, size int) (*rcPair, error) {
-	rp := &rcPair{wake: make(chan struct{}, 1)}
+	// The path MTU is the largest both ports carry: an engine refuses one
+	// above its port's active MTU.
+	pmtu := min(roce.MTUForNetdev(a.Port.Device().MTU()), roce.MTUForNetdev(b.Port.Device().MTU()))
+	rp := &rcPair{wake: make(chan struct{}, 1), pmtu: pmtu}
 	notify := func() {
 		select {
 		case rp.wake <- struct{}{}:
@@ -136,7 +140,7 @@ func connectRC(ctx context.Context, ea, eb *transport.Engine, a, b *Host, size i
 		}{
 			{transport.QPAttr{State: transport.StateInit, Port: 1, Access: all},
 				transport.AttrState | transport.AttrPKeyIndex | transport.AttrPort | transport.AttrAccessFlags},
-			{transport.QPAttr{State: transport.StateRTR, PathMTU: roce.MTU4096, DestQPN: x.dqp, RQPSN: x.rq, MaxDestRdAtomic: 16, MinRNRTimer: 12,
+			{transport.QPAttr{State: transport.StateRTR, PathMTU: pmtu, DestQPN: x.dqp, RQPSN: x.rq, MaxDestRdAtomic: 16, MinRNRTimer: 12,
 				AV: transport.AddressVector{DstIP: x.to.PortIPv4(), DstMAC: mac, SGIDIndex: 1}},
 				transport.AttrState | transport.AttrAV | transport.AttrPathMTU | transport.AttrDestQPN | transport.AttrRQPSN | transport.AttrMaxDestRdAtomic | transport.AttrMinRNRTimer},
 			{transport.QPAttr{State: transport.StateRTS, SQPSN: x.sq, Timeout: labTimeout, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16},
@@ -203,15 +207,15 @@ func rdmaSteps(ctx context.Context, l *Lab, total int) []Step {
 	if err != nil {
 		return []Step{{Name: name + " connect", Detail: err.Error(), Took: time.Since(start)}}
 	}
-	steps := []Step{{Name: name + " connect (RC, MTU 4096)", OK: true, Took: time.Since(start),
+	steps := []Step{{Name: fmt.Sprintf("%s connect (RC, path MTU %d)", name, rp.pmtu.Bytes()), OK: true, Took: time.Since(start),
 		Detail: fmt.Sprintf("QP %#x ⇄ QP %#x", rp.qa.Num(), rp.qb.Num())}}
 	steps = append(steps, rp.sendAndAtomics(ctx))
 	steps = append(steps, rp.writeRead(ctx, total, region))
 	sa, sb := es.eng[0].Stats(), es.eng[1].Stats()
 	steps = append(steps, Step{Name: "transport counters", OK: true, Detail: fmt.Sprintf(
-		"%s sent %d packets: %d go-backs, %d timeouts, %d NAKs and %d RNR NAKs received; %s sent %d: %d NAKs, %d duplicates seen",
-		a.Namespace, sa.Sent, sa.Retransmits, sa.Timeouts, sa.NAKsReceived, sa.RNRNAKsReceived,
-		b.Namespace, sb.Sent, sb.NAKsSent, sb.Duplicates)})
+		"%s sent %d packets: %d go-backs, %d timeouts, %d NAKs and %d RNR NAKs received, %d duplicate responses seen; %s sent %d: %d NAKs, %d duplicate requests seen",
+		a.Namespace, sa.Sent, sa.Retransmits, sa.Timeouts, sa.NAKsReceived, sa.RNRNAKsReceived, sa.DuplicateResponses,
+		b.Namespace, sb.Sent, sb.NAKsSent, sb.DuplicateRequests)})
 	return steps
 }
 

@@ -1,0 +1,195 @@
+package transport
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/taproce/taproce/appliance/impair"
+	"github.com/taproce/taproce/appliance/roce"
+)
+
+// TestKill: B's QP is killed (its owner died) while A, with retry_cnt 7,
+// which never runs out, streams RDMA WRITEs or READs to it, or before A
+// posts anything. B's work is flushed at once; for the linger every
+// request A sends is NAKed with remote operational error, so A completes
+// what B executed before the kill successfully, the next WQE with
+// REM_OP_ERR and the rest flushed, and ends in the error state instead of
+// retrying forever. Once the linger is over by the engine's clock, B's QP
+// is gone as after DestroyQP and its QPN is free.
+func TestKill(t *testing.T) {
+	const linger = time.Second
+	for _, tc := range []struct {
+		name  string
+		spec  string
+		op    Opcode
+		after int // A's completions before the kill; -1: kill before posting
+	}{
+		{"WRITEs", "", OpWrite, 8},
+		{"READs", "", OpRead, 8},
+		{"idle", "", OpWrite, -1},
+		{"WRITEs over a lossy link", "loss=5%,reorder=5%,seed=3", OpWrite, 8},
+		{"READs over a lossy link", "loss=5%,duplicate=2%,seed=4", OpRead, 8},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec, err := impair.ParseSpec(tc.spec)
+			must(t, err)
+			s := newSim(t, spec, 1500)
+			c := s.connect(connOpts{retry: 7, rnr: 7})
+			_, err = c.qb.PostRecv([]RecvWR{{ID: 1, SGL: sge(c.mrb, 0, 64)}, {ID: 2, SGL: sge(c.mrb, 64, 64)}})
+			must(t, err)
+			_, err = c.qb.PostSend([]SendWR{{ID: 9, Opcode: OpSend, Flags: SendSignaled, SGL: sge(c.mrb, 0, 64)}})
+			must(t, err) // B's SEND waits for a receive A never posts (RNR)
+			qpn := c.qb.Num()
+			var killAt time.Time
+			kill := func() {
+				must(t, s.b.eng.Kill(c.qb, linger))
+				killAt = s.clock.now.Add(linger)
+				if st := c.qb.State(); st != StateErr {
+					t.Fatalf("killed QP in %v, want ERR", st)
+				}
+				got := append(poll(c.cqb), poll(c.rcqb)...)
+				if len(got) != 3 {
+					t.Fatalf("B's completions at the kill: %+v", got)
+				}
+				for _, wc := range got {
+					if wc.Status != WCWRFlushErr {
+						t.Fatalf("B's work completed with %v, want flushed", wc.Status)
+					}
+				}
+				if err := c.qb.Modify(&QPAttr{State: StateReset}, AttrState); !errors.Is(err, ErrInvalid) {
+					t.Fatalf("Modify of a killed QP: %v", err)
+				}
+			}
+			if tc.after < 0 {
+				kill()
+			}
+			const n = 64
+			var wrs []SendWR
+			for i := range n {
+				wrs = append(wrs, SendWR{ID: uint64(i), Opcode: tc.op, Flags: SendSignaled,
+					SGL: sge(c.mra, i*16384, 16384), RemoteAddr: base + uint64(i*16384), RKey: c.mrb.RKey})
+			}
+			_, err = c.qa.PostSend(wrs)
+			must(t, err)
+			var wcs []WC
+			if tc.after >= 0 {
+				s.run(1_000_000, func() bool { wcs = append(wcs, poll(c.cqa)...); return len(wcs) >= tc.after })
+				kill()
+			}
+			s.run(1_000_000, func() bool { wcs = append(wcs, poll(c.cqa)...); return len(wcs) == n })
+			k := 0
+			for k < n && wcs[k].Status == WCSuccess {
+				k++
+			}
+			if k == n || wcs[k].Status != WCRemOpErr {
+				t.Fatalf("A's completions: %d successful, then %+v; want REM_OP_ERR", k, wcs[min(k, n-1)])
+			}
+			for i, wc := range wcs {
+				if wc.ID != uint64(i) || i > k && wc.Status != WCWRFlushErr {
+					t.Fatalf("A's completion %d: %+v (%v)", i, wc, wc.Status)
+				}
+			}
+			if tc.after < 0 && k != 0 || tc.after >= 0 && k < tc.after {
+				t.Fatalf("%d successful before REM_OP_ERR (killed after %d)", k, tc.after)
+			}
+			if st := c.qa.State(); st != StateErr {
+				t.Fatalf("A's QP in %v, want ERR", st)
+			}
+			if s.b.eng.Stats().NAKsSent == 0 {
+				t.Fatal("B sent no NAK")
+			}
+			// A failed within the linger, answered by a QP still there.
+			if !s.clock.now.Before(killAt) || s.b.eng.qps[qpn] != c.qb {
+				t.Fatalf("A failed at %v, the linger ended at %v", s.clock.now, killAt)
+			}
+			s.run(1_000_000, func() bool { return s.b.eng.qps[qpn] == nil })
+			if s.clock.now.Before(killAt) {
+				t.Fatalf("QP removed at %v, before the linger ended at %v", s.clock.now, killAt)
+			}
+			if _, ok := s.b.eng.NextDeadline(); ok {
+				t.Error("a timer is left after the removal")
+			}
+			if err := s.b.eng.DestroyQP(c.qb); !errors.Is(err, ErrInvalid) {
+				t.Errorf("DestroyQP after the linger: %v", err)
+			}
+		})
+	}
+}
+
+// TestKillNAK: the NAK a killed QP answers with, request by request: the
+// remote operational error code, the MSN as it stands, and the request's
+// PSN, or the expected PSN for a request beyond it (a NAK acknowledges
+// every PSN before its own). Acknowledgements and responses are dropped.
+func TestKillNAK(t *testing.T) {
+	s := newSim(t, impair.Spec{}, 1500)
+	c := s.connect(connOpts{retry: 7, rnr: 7, psnA: 1000})
+	for i := range c.bufa[:3000] {
+		c.bufa[i] = byte(i*7 + 1)
+	}
+	_, err := c.qa.PostSend([]SendWR{{ID: 1, Opcode: OpWrite, Flags: SendSignaled, SGL: sge(c.mra, 0, 3000), RemoteAddr: base, RKey: c.mrb.RKey}})
+	must(t, err)
+	s.run(10000, func() bool { return len(poll(c.cqa)) == 1 })
+	// B executed PSNs 1000…1002, one message: it expects 1003, MSN 1.
+	must(t, s.b.eng.Kill(c.qb, time.Minute))
+	var sent []roce.Packet
+	s.b.watch = func(f []byte) { sent = append(sent, parsed(t, f)) }
+	for _, tc := range []struct {
+		name    string
+		op      roce.Opcode
+		psn     roce.PSN
+		nakPSN  roce.PSN
+		answers bool
+	}{
+		{"expected WRITE", roce.RCRDMAWriteOnly, 1003, 1003, true},
+		{"duplicate WRITE", roce.RCRDMAWriteFirst, 1000, 1000, true},
+		{"READ beyond a gap", roce.RCRDMAReadRequest, 1010, 1003, true},
+		{"SEND beyond a gap", roce.RCSendMiddle, 1004, 1003, true},
+		{"atomic", roce.RCFetchAdd, 1003, 1003, true},
+		{"ACK", roce.RCAcknowledge, 1003, 0, false},
+		{"READ response", roce.RCRDMAReadResponseOnly, 1003, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sent = sent[:0]
+			p := c.qa.template(s.b.ip, s.b.mac, c.qb.Num(), 0, 0)
+			p.BTH.Opcode, p.BTH.PSN = tc.op, tc.psn
+			info := tc.op.Info()
+			n := 0
+			if info.Has(roce.HasPayload) {
+				n = 256
+			}
+			if info.Has(roce.HasRETH) {
+				p.RETH = roce.RETHFields{VA: base, RKey: c.mrb.RKey, DMALen: uint32(n)}
+			}
+			if info.Has(roce.HasAtomicETH) {
+				p.AtomicETH = roce.AtomicETHFields{VA: base, RKey: c.mrb.RKey, SwapAdd: 1}
+			}
+			p.SetPayloadLen(n)
+			buf := make([]byte, 2048)
+			m, err := p.Build(buf, make([]byte, n))
+			must(t, err)
+			var q roce.Packet
+			must(t, roce.Parse(buf[:m], &q))
+			s.b.eng.Receive(buf[:m], &q)
+			if !tc.answers {
+				if len(sent) != 0 {
+					t.Fatalf("answered with %v", sent[0].BTH.Opcode)
+				}
+				return
+			}
+			if len(sent) != 1 {
+				t.Fatalf("%d answers, want one NAK", len(sent))
+			}
+			a := sent[0]
+			if a.BTH.Opcode != roce.RCAcknowledge || a.BTH.DestQP != c.qa.Num() || a.AETH.Syndrome != roce.SyndromeNAK|roce.NAKRemoteOperationError ||
+				a.BTH.PSN != tc.nakPSN || a.AETH.MSN != 1 {
+				t.Fatalf("answer %v to QP %#x, PSN %d, syndrome %#x, MSN %d; want a remote operational error NAK to %#x, PSN %d, MSN 1",
+					a.BTH.Opcode, a.BTH.DestQP, a.BTH.PSN, uint8(a.AETH.Syndrome), a.AETH.MSN, c.qa.Num(), tc.nakPSN)
+			}
+		})
+	}
+	if !bytes.Equal(c.bufb[:3000], c.bufa[:3000]) {
+		t.Fatal("B's memory changed after the kill")
+	}
+}
