@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/taproce/taproce/appliance/control"
 	"github.com/taproce/taproce/tap"
@@ -24,6 +25,9 @@ type Options struct {
 	LocalSwitch bool
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
+	// Linger is how long a dead client's QPs answer their peers with NAKs
+	// (control.Config.Linger).
+	Linger time.Duration
 	// PeerNetns replaces how the control server finds a client's
 	// namespace (tests).
 	PeerNetns func(pid int32) (uint64, error)
@@ -52,7 +56,8 @@ func New(opt Options) *Appliance {
 	if opt.LocalSwitch {
 		a.sw = NewSwitch()
 	}
-	a.ctrl = control.New(control.Config{Socket: opt.Socket, Limits: opt.Limits, Poll: opt.Poll, Logger: opt.Logger, PeerNetns: opt.PeerNetns})
+	a.ctrl = control.New(control.Config{Socket: opt.Socket, Limits: opt.Limits, Poll: opt.Poll, Logger: opt.Logger,
+		PeerNetns: opt.PeerNetns, Linger: opt.Linger})
 	return a
 }
 
@@ -142,3 +147,8 @@ func (a *Appliance) Close() error {
 	a.mu.Unlock()
 	return err
 }
+
+// Namespace returns the name the port was configured with in
+// PortConfig.Namespace (a namespace's name, or an attachment's ID), which
+// logs and metrics use to name the port.
+func (p *Port) Namespace() string { return p.cfg.Namespace }

@@ -1,6 +1,7 @@
 package control_test
 
 import (
+	"github.com/taproce/taproce/appliance/control"
 	"runtime"
 	"sort"
 	"testing"
@@ -81,10 +82,10 @@ func BenchmarkPostPoll(b *testing.B) {
 // to a plain copy of 1 MiB measured in the same run; write/copy is the
 // ratio (target at least 0.5).
 func BenchmarkLocalWrite1M(b *testing.B) {
-	r := newRig(b, true)
+	r := newRigMTU(b, true, 9000)
 	const size = 1 << 20
 	x, y := newEnd(b, r.ca, verbs.RC, 2*size), newEnd(b, r.cb, verbs.RC, 2*size)
-	connectRC(b, x, y, r.ga, r.gb)
+	connectRCMTU(b, x, y, r.ga, r.gb, verbs.MTU4096)
 	wr := []verbs.SendWR{{ID: 1, Opcode: verbs.WRRDMAWrite, Flags: verbs.SendSignaled, SGL: []verbs.SGE{x.mr.SGE(0, size)},
 		RemoteAddr: y.mr.Addr(), RKey: y.mr.RKey}}
 	wcs := make([]verbs.WC, 4)
@@ -132,7 +133,16 @@ func BenchmarkLocalWrite1M(b *testing.B) {
 // over the local switch; the median one-way time (half a round trip) is
 // reported (target at most 5 µs).
 func BenchmarkLocalSendPingPong(b *testing.B) {
-	r := newRig(b, true)
+	for _, m := range []struct {
+		name string
+		mode control.PollMode
+	}{{"adaptive", control.PollAdaptive}, {"block", control.PollBlock}, {"spin", control.PollSpin}} {
+		b.Run(m.name, func(b *testing.B) { localPingPong(b, m.mode) })
+	}
+}
+
+func localPingPong(b *testing.B, mode control.PollMode) {
+	r := newRigOpts(b, true, 1500, mode)
 	x, y := newEnd(b, r.ca, verbs.RC, 4096), newEnd(b, r.cb, verbs.RC, 4096)
 	connectRC(b, x, y, r.ga, r.gb)
 	recv := func(e *end) {

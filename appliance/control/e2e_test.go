@@ -25,7 +25,15 @@ type rig struct {
 	ga, gb netip.Addr
 }
 
-func newRig(t testing.TB, localSwitch bool) *rig {
+func newRig(t testing.TB, localSwitch bool) *rig { return newRigOpts(t, localSwitch, 1500, control.PollAdaptive) }
+
+// newRigMTU is newRig with ports of the given netdev MTU.
+func newRigMTU(t testing.TB, localSwitch bool, mtu int) *rig {
+	return newRigOpts(t, localSwitch, mtu, control.PollAdaptive)
+}
+
+// newRigOpts is newRig with an MTU and a poll mode.
+func newRigOpts(t testing.TB, localSwitch bool, mtu int, poll control.PollMode) *rig {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "taproce.sock")
 	t.Setenv("TAPROCE_SOCKET", sock)
@@ -33,12 +41,12 @@ func newRig(t testing.TB, localSwitch bool) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	app := appliance.New(appliance.Options{Socket: sock, LocalSwitch: localSwitch,
+	app := appliance.New(appliance.Options{Socket: sock, LocalSwitch: localSwitch, Poll: poll,
 		PeerNetns: func(int32) (uint64, error) { return self, nil }})
-	a, b := tap.NewFakePair(1500, 1024)
+	a, b := tap.NewFakePair(mtu, 1024)
 	for i, dev := range []tap.Device{a, b} {
 		addr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 77, 0, byte(i + 1)}), 24)
-		if _, err := app.AddPortOn(dev, appliance.PortConfig{Namespace: "e2e", Name: dev.Name(), Addrs: []netip.Prefix{addr}}); err != nil {
+		if _, err := app.AddPortOn(dev, appliance.PortConfig{Namespace: "e2e", Name: dev.Name(), MTU: mtu, Addrs: []netip.Prefix{addr}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -103,7 +111,10 @@ func newEnd(t testing.TB, c *verbs.Context, typ verbs.QPType, size int) *end {
 }
 
 // connectRC takes two RC QPs through INIT, RTR and RTS to each other.
-func connectRC(t testing.TB, a, b *end, ga, gb netip.Addr) {
+func connectRC(t testing.TB, a, b *end, ga, gb netip.Addr) { connectRCMTU(t, a, b, ga, gb, verbs.MTU1024) }
+
+// connectRCMTU is connectRC with a path MTU.
+func connectRCMTU(t testing.TB, a, b *end, ga, gb netip.Addr, mtu verbs.MTU) {
 	t.Helper()
 	ctx := testCtx(t)
 	all := verbs.AccessRemoteWrite | verbs.AccessRemoteRead | verbs.AccessRemoteAtomic
@@ -115,7 +126,7 @@ func connectRC(t testing.TB, a, b *end, ga, gb netip.Addr) {
 		q := x.e.qp
 		must(t, q.Modify(ctx, &verbs.QPAttr{State: verbs.QPSInit, Port: 1, Access: all},
 			verbs.QPStateMask|verbs.QPPKeyIndex|verbs.QPPort|verbs.QPAccessFlags))
-		must(t, q.Modify(ctx, &verbs.QPAttr{State: verbs.QPSRTR, PathMTU: verbs.MTU1024, DestQPN: x.peer.qp.Num(), RQPSN: 0,
+		must(t, q.Modify(ctx, &verbs.QPAttr{State: verbs.QPSRTR, PathMTU: mtu, DestQPN: x.peer.qp.Num(), RQPSN: 0,
 			MaxDestRdAtomic: 16, MinRNRTimer: 12, AH: verbs.AHAttr{DGID: x.dgid, SGIDIndex: 1, HopLimit: 1, Port: 1}},
 			verbs.QPStateMask|verbs.QPAV|verbs.QPPathMTU|verbs.QPDestQPN|verbs.QPRQPSN|verbs.QPMaxDestRdAtomic|verbs.QPMinRNRTimer))
 		must(t, q.Modify(ctx, &verbs.QPAttr{State: verbs.QPSRTS, SQPSN: 0, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16},

@@ -56,9 +56,10 @@ func (ss *session) poll() {
 	b := new(batch)
 	mode := ss.srv.cfg.Poll
 	var idleSince time.Time
+	spins := 0
 	for ss.ctx.Err() == nil {
 		if ss.drain(b) {
-			idleSince = time.Time{}
+			idleSince, spins = time.Time{}, 0
 			continue
 		}
 		switch mode {
@@ -66,6 +67,13 @@ func (ss *session) poll() {
 			runtime.Gosched()
 			continue
 		case PollAdaptive:
+			// Look at the clock only now and then: the spin is cheap, the
+			// clock is not.
+			spins++
+			if spins%32 != 1 {
+				runtime.Gosched()
+				continue
+			}
 			now := time.Now()
 			if idleSince.IsZero() {
 				idleSince = now
@@ -80,7 +88,7 @@ func (ss *session) poll() {
 			_, _ = ss.kick.Drain()
 		}
 		ss.cancelSleep()
-		idleSince = time.Time{}
+		idleSince, spins = time.Time{}, 0
 	}
 }
 

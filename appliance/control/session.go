@@ -54,9 +54,19 @@ func (s *Server) newSession(c *net.UnixConn) (*session, error) {
 	if err != nil {
 		return nil, err
 	}
+	ss, err := s.newSessionFor(c, ns)
+	if err != nil {
+		return nil, err
+	}
+	ss.pid, ss.log = pid, s.log.With("pid", pid)
+	return ss, nil
+}
+
+// newSessionFor makes the session of a client in namespace ns.
+func (s *Server) newSessionFor(c *net.UnixConn, ns uint64) (*session, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ss := &session{
-		srv: s, conn: c, pid: pid, netns: ns, log: s.log.With("pid", pid),
+		srv: s, conn: c, netns: ns, log: s.log,
 		pds: map[abi.Handle]*pdObj{}, mrs: map[abi.Handle]*mrObj{}, chans: map[abi.Handle]*chanObj{},
 		cqs: map[abi.Handle]*cqObj{}, qps: map[abi.Handle]*qpObj{}, srqs: map[abi.Handle]*srqObj{},
 		ahs: map[abi.Handle]*ahObj{}, ctx: ctx, cancel: cancel,
@@ -138,6 +148,9 @@ func errno(e syscall.Errno, format string, args ...any) error {
 // is cut off. A verbs failure is not an error here: it is an errno in the
 // reply.
 func (ss *session) handle(op abi.Op, body []byte, fds []int) (any, []int, error) {
+	if op == abi.OpEvent {
+		return nil, nil, fmt.Errorf("%w: events go to clients, not from them", abi.ErrOp)
+	}
 	needFd := op == abi.OpRegMR
 	if needFd != (len(fds) == 1) {
 		return nil, nil, fmt.Errorf("%v with %d descriptors", op, len(fds))

@@ -352,6 +352,14 @@ func (e *Engine) Receive(frame []byte, p *roce.Packet) {
 	}
 }
 
+// QPCount returns how many queue pairs the engine holds (killed ones
+// included until their linger ends).
+func (e *Engine) QPCount() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.qps)
+}
+
 // Tick runs the timers that are due: retransmission after a local ACK
 // timeout, resumption after an RNR delay, the removal of a killed queue
 // pair whose linger is over.

@@ -1,0 +1,117 @@
+package control
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"os"
+	"syscall"
+	"testing"
+
+	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/appliance/transport"
+	"github.com/taproce/taproce/verbs/abi"
+)
+
+type nullOut struct{}
+
+func (nullOut) Headroom() int    { return 0 }
+func (nullOut) Send(_ [][]byte) {}
+
+// fuzzDevice is a device whose engine sends nowhere.
+func fuzzDevice() *Device {
+	mac := roce.MAC{2, 0, 0, 0, 0, 1}
+	gids := []roce.GID{roce.LinkLocalGID(mac), roce.GIDFromAddr(netip.MustParseAddr("10.9.0.1"))}
+	return &Device{Name: "taproce0", Engine: transport.NewEngine(transport.Config{MAC: mac, GIDs: gids, MTU: 1500, Out: nullOut{}}),
+		MAC: mac, MTU: 1500, GIDs: func() []roce.GID { return gids },
+		Resolve: func(context.Context, netip.Addr) (roce.MAC, error) { return roce.MAC{2, 0, 0, 0, 0, 2}, nil }}
+}
+
+// socketPair returns the two ends of a SOCK_SEQPACKET pair.
+func socketPair(t testing.TB) (*net.UnixConn, *net.UnixConn) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_SEQPACKET|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conv := func(fd int) *net.UnixConn {
+		f := os.NewFile(uintptr(fd), "pair")
+		defer f.Close()
+		c, err := net.FileConn(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.(*net.UnixConn)
+	}
+	return conv(fds[0]), conv(fds[1])
+}
+
+// FuzzControl: arbitrary requests, one after another on one opened
+// session, never panic the server; whatever the session made is torn down.
+func FuzzControl(f *testing.F) {
+	seed := func(op abi.Op, body any) []byte {
+		m, _ := abi.Encode(nil, abi.Header{Op: op, Seq: 1}, body)
+		return m
+	}
+	f.Add(seed(abi.OpAllocPD, nil), seed(abi.OpCreateCQ, &abi.CreateCQRequest{Depth: 8}))
+	f.Add(seed(abi.OpCreateCQ, &abi.CreateCQRequest{Depth: 4}),
+		seed(abi.OpCreateQP, &abi.CreateQPRequest{PD: 1, SendCQ: 1, RecvCQ: 1, Type: 2, Caps: abi.QPCaps{MaxSendWR: 4, MaxRecvWR: 4}}))
+	f.Add(seed(abi.OpModifyQP, &abi.ModifyQPRequest{Handle: 3, Mask: 1 | 16 | 32 | 8, Attr: abi.QPAttr{State: 1, Port: 1}}), []byte{})
+	f.Add(seed(abi.OpCreateAH, &abi.CreateAHRequest{PD: 1, SGIDIndex: 1}), seed(abi.OpDestroyCQ, &abi.HandleRequest{Handle: 2}))
+	dev := fuzzDevice()
+	srv := New(Config{Socket: "/nonexistent"})
+	f.Fuzz(func(t *testing.T, a, b []byte) {
+		c1, c2 := socketPair(t)
+		defer c2.Close()
+		ss, err := srv.newSessionFor(c1, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ss.dev = dev
+		// The usual start: a PD, a CQ, a QP; then the fuzzer's requests.
+		msgs := [][]byte{seedMsg(abi.OpAllocPD, nil), seedMsg(abi.OpCreateCQ, &abi.CreateCQRequest{Depth: 8}),
+			seedMsg(abi.OpCreateQP, &abi.CreateQPRequest{PD: 1, SendCQ: 2, RecvCQ: 2, Type: 2, Caps: abi.QPCaps{MaxSendWR: 4, MaxRecvWR: 4}}), a, b}
+		for _, m := range msgs {
+			h, body, err := abi.DecodeHeader(m)
+			if err != nil {
+				continue
+			}
+			if _, fds, err := ss.handle(h.Op, body, nil); err == nil {
+				closeFds(fds)
+			}
+		}
+		ss.teardown()
+	})
+}
+
+func seedMsg(op abi.Op, body any) []byte {
+	m, _ := abi.Encode(nil, abi.Header{Op: op, Seq: 1}, body)
+	return m
+}
+
+// TestBadMessageDisconnects: a malformed message ends the session: the
+// client sees its connection closed, not a hang.
+func TestBadMessageDisconnects(t *testing.T) {
+	srv := New(Config{Socket: "/nonexistent"})
+	for _, msg := range [][]byte{
+		{1, 2, 3},
+		append(seedMsg(abi.OpAllocPD, nil), 9),
+		seedMsg(abi.OpEvent, &abi.Event{}),
+	} {
+		c1, c2 := socketPair(t)
+		ss, err := srv.newSessionFor(c1, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() { ss.run(); close(done) }()
+		if _, err := c2.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 64)
+		if n, err := c2.Read(buf); err == nil && n > 0 {
+			t.Fatalf("%x: got a reply instead of a disconnect", msg)
+		}
+		<-done
+		c2.Close()
+	}
+}
