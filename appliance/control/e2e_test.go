@@ -25,7 +25,9 @@ type rig struct {
 	ga, gb netip.Addr
 }
 
-func newRig(t testing.TB, localSwitch bool) *rig { return newRigOpts(t, localSwitch, 1500, control.PollAdaptive) }
+func newRig(t testing.TB, localSwitch bool) *rig {
+	return newRigOpts(t, localSwitch, 1500, control.PollAdaptive)
+}
 
 // newRigMTU is newRig with ports of the given netdev MTU.
 func newRigMTU(t testing.TB, localSwitch bool, mtu int) *rig {
@@ -111,7 +113,9 @@ func newEnd(t testing.TB, c *verbs.Context, typ verbs.QPType, size int) *end {
 }
 
 // connectRC takes two RC QPs through INIT, RTR and RTS to each other.
-func connectRC(t testing.TB, a, b *end, ga, gb netip.Addr) { connectRCMTU(t, a, b, ga, gb, verbs.MTU1024) }
+func connectRC(t testing.TB, a, b *end, ga, gb netip.Addr) {
+	connectRCMTU(t, a, b, ga, gb, verbs.MTU1024)
+}
 
 // connectRCMTU is connectRC with a path MTU.
 func connectRCMTU(t testing.TB, a, b *end, ga, gb netip.Addr, mtu verbs.MTU) {

@@ -15,7 +15,7 @@ import (
 
 type nullOut struct{}
 
-func (nullOut) Headroom() int    { return 0 }
+func (nullOut) Headroom() int   { return 0 }
 func (nullOut) Send(_ [][]byte) {}
 
 // fuzzDevice is a device whose engine sends nowhere.
