@@ -33,9 +33,11 @@ type NIC struct {
 	once   sync.Once
 }
 
-// localItem is a batch of frames crossing the local switch.
+// localItem is a batch of frames crossing the local switch; refs, when
+// not nil, are the payloads of whole-message frames (transport.Batch.Refs).
 type localItem struct {
 	frames [][]byte
+	refs   [][]byte
 	done   func()
 }
 
@@ -67,7 +69,11 @@ func NewNIC(name string, dev tap.Device, cfg PortConfig, sw *Switch) (*NIC, erro
 
 func (n *NIC) start(p *Port) {
 	n.port = p
-	e := transport.NewEngine(transport.Config{MAC: p.MAC(), GIDs: p.Station().GIDs(), MTU: p.Device().MTU(), Out: nicOutput{n}})
+	cfg := transport.Config{MAC: p.MAC(), GIDs: p.Station().GIDs(), MTU: p.Device().MTU(), Out: nicOutput{n}}
+	if n.sw != nil {
+		cfg.Local = func(a netip.Addr) bool { return n.sw.lookup(a) != nil }
+	}
+	e := transport.NewEngine(cfg)
 	n.engine.Store(e)
 	if n.sw != nil {
 		n.sw.join(n)
@@ -160,9 +166,13 @@ func (n *NIC) localLoop(e *transport.Engine) {
 		n.local, n.spare = n.spare[:0], nil
 		n.lmu.Unlock()
 		for i, it := range items {
-			for _, f := range it.frames {
+			for j, f := range it.frames {
 				if roce.Parse(f, &p) == nil {
-					e.Receive(f, &p)
+					var ref []byte
+					if it.refs != nil {
+						ref = it.refs[j]
+					}
+					e.ReceiveLocal(f, &p, ref)
 				}
 			}
 			it.done()
@@ -204,7 +214,7 @@ func (o nicOutput) SendBatch(b *transport.Batch) {
 			}
 			if same {
 				n.sw.frames.Add(uint64(len(b.Frames)))
-				first.deliver(trim(b.Frames), b.Release)
+				first.deliver(trim(b.Frames), b.Refs, b.Release)
 				return
 			}
 			n.sendMixed(b)
@@ -229,7 +239,7 @@ func (n *NIC) sendMixed(b *transport.Batch) {
 	for _, f := range b.Frames {
 		if peer := n.sw.lookup(frameDst(f[tap.Headroom:])); peer != nil {
 			n.sw.frames.Add(1)
-			peer.deliver([][]byte{append([]byte(nil), f[tap.Headroom:]...)}, func() {})
+			peer.deliver([][]byte{append([]byte(nil), f[tap.Headroom:]...)}, nil, func() {})
 			continue
 		}
 		remote = append(remote, f)
@@ -238,14 +248,14 @@ func (n *NIC) sendMixed(b *transport.Batch) {
 	b.Release()
 }
 
-func (n *NIC) deliver(frames [][]byte, done func()) {
+func (n *NIC) deliver(frames, refs [][]byte, done func()) {
 	n.lmu.Lock()
 	if n.closed {
 		n.lmu.Unlock()
 		done()
 		return
 	}
-	n.local = append(n.local, localItem{frames: frames, done: done})
+	n.local = append(n.local, localItem{frames: frames, refs: refs, done: done})
 	n.lmu.Unlock()
 	select {
 	case n.signal <- struct{}{}:

@@ -193,6 +193,20 @@ func TestVerbsRC(t *testing.T) {
 			if wc := wait(t, a.cq, 1)[0]; wc.ID != 2 || wc.Status != verbs.WCSuccess || wc.Opcode != verbs.WCSend {
 				t.Fatalf("send %+v", wc)
 			}
+			// A SEND of several packets (one whole-message frame on the
+			// local switch).
+			_, err = b.qp.PostRecv([]verbs.RecvWR{{ID: 10, SGL: []verbs.SGE{b.mr.SGE(16384, 8192)}}})
+			must(t, err)
+			for i := range 5000 {
+				a.mr.Bytes()[4096+i] = byte(i * 7)
+			}
+			_, err = a.qp.PostSend([]verbs.SendWR{{ID: 11, Opcode: verbs.WRSend, Flags: verbs.SendSignaled, SGL: []verbs.SGE{a.mr.SGE(4096, 5000)}}})
+			must(t, err)
+			if wc := wait(t, b.cq, 1)[0]; wc.ID != 10 || wc.Status != verbs.WCSuccess || wc.ByteLen != 5000 ||
+				!bytes.Equal(b.mr.Bytes()[16384:16384+5000], a.mr.Bytes()[4096:4096+5000]) {
+				t.Fatalf("SEND of 5000 bytes: %+v", wc)
+			}
+			wait(t, a.cq, 1)
 			// WRITE 256 KiB, READ it back elsewhere.
 			const n = 256 << 10
 			for i := range n {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"log/slog"
 	"math/bits"
 	"net/netip"
 	"sync"
@@ -36,7 +37,23 @@ type mrObj struct {
 	length int64
 }
 
-func (m *mrObj) close() { m.region.Close() }
+// release unmaps a region already deregistered from e: once the engine
+// has finished what it was doing, and the local switch's frames that
+// point into it have been delivered. A region still pinned after a while
+// is left mapped (and logged) rather than risk the appliance.
+func (m *mrObj) release(e *transport.Engine) {
+	if e != nil {
+		e.Barrier()
+		for i := 0; m.mr.Pinned(); i++ {
+			if i == 5000 {
+				slog.Warn("control: memory region still in flight after 5 s; left mapped")
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	m.region.Close()
+}
 
 type chanObj struct {
 	bell *shmem.Doorbell
@@ -679,7 +696,7 @@ func (ss *session) destroy(op abi.Op, h abi.Handle) error {
 		if err := dev.Engine.Memory().Deregister(m.mr); err != nil {
 			return err
 		}
-		m.close()
+		m.release(dev.Engine)
 		ss.mrBytes -= m.length
 		delete(ss.mrs, h)
 	case abi.OpDestroyChannel:

@@ -319,11 +319,15 @@ func (ss *session) teardown() {
 		c.close()
 		delete(ss.chans, h)
 	}
+	var eng *transport.Engine
+	if dev != nil {
+		eng = dev.Engine
+	}
 	for h, m := range ss.mrs {
-		if dev != nil {
-			_ = dev.Engine.Memory().Deregister(m.mr)
+		if eng != nil {
+			_ = eng.Memory().Deregister(m.mr)
 		}
-		m.close()
+		m.release(eng)
 		delete(ss.mrs, h)
 	}
 	clear(ss.pds)

@@ -34,11 +34,19 @@ type AsyncOutput interface {
 type Batch struct {
 	// Frames are the frames, each behind Headroom() bytes.
 	Frames [][]byte
+	// Refs, when not nil, runs parallel to Frames: a frame with a
+	// reference is a whole message for a local destination (see
+	// Config.Local) that carries no payload of its own; Refs[i] is the
+	// payload, in the sender's memory, for Engine.ReceiveLocal. Such
+	// frames must not leave through a TAP.
+	Refs [][]byte
 	// Release gives the batch back to its engine. It is a field, bound
 	// once, so handing it on allocates nothing.
 	Release func()
 
 	bufs [][]byte
+	refs [][]byte // Refs' backing array
+	pins []*MR    // regions Refs point into, unpinned on Release
 	free chan *Batch
 }
 
@@ -59,6 +67,12 @@ type Config struct {
 	Now func() time.Time
 	// Memory holds the registered regions (default: a new one).
 	Memory *Memory
+	// Local, when set, reports whether a destination is reached through a
+	// local switch (memory, not a wire). A connected QP to such a
+	// destination sends each SEND or WRITE whose source is one segment
+	// as a single frame referring to the sender's memory (Batch.Refs),
+	// using the PSNs of all its packets, so the receiver copies it once.
+	Local func(netip.Addr) bool
 }
 
 // Stats counts what an engine did.
@@ -91,8 +105,10 @@ type Engine struct {
 	async   AsyncOutput // cfg.Out when it writes asynchronously
 	free    chan *Batch // batches not handed out
 	cur     *Batch      // the batch being filled, nil when none
-	bufSize int         // bytes of a transmit buffer
-	curBufs int         // buffers of cur in use
+	ref     []byte      // the payload of the local whole-message frame being received
+	refOK   bool
+	bufSize int // bytes of a transmit buffer
+	curBufs int // buffers of cur in use
 
 	stats struct {
 		sent, received, dropped, retransmits, timeouts atomic.Uint64
@@ -138,18 +154,28 @@ func NewEngine(cfg Config) *Engine {
 // back to the free list, or, when the list is full (it was made while all
 // were out), to the garbage collector.
 func (e *Engine) newBatch() *Batch {
-	b := &Batch{Frames: make([][]byte, 0, txBatchSize), bufs: make([][]byte, txBatchSize), free: e.free}
+	b := &Batch{Frames: make([][]byte, 0, txBatchSize), bufs: make([][]byte, txBatchSize), refs: make([][]byte, txBatchSize), free: e.free}
 	for i := range b.bufs {
 		b.bufs[i] = make([]byte, e.bufSize)
 	}
 	b.Release = func() {
-		b.Frames = b.Frames[:0]
+		b.reset()
 		select {
 		case b.free <- b:
 		default:
 		}
 	}
 	return b
+}
+
+// reset empties the batch and unpins the regions its references held.
+func (b *Batch) reset() {
+	b.Frames, b.Refs = b.Frames[:0], nil
+	for i, mr := range b.pins {
+		mr.pins.Add(-1)
+		b.pins[i] = nil
+	}
+	b.pins = b.pins[:0]
 }
 
 // Memory returns the engine's memory regions.
@@ -197,6 +223,25 @@ func (e *Engine) unframe() { e.curBufs-- }
 func (e *Engine) emit(n int) {
 	b := e.cur.bufs[e.curBufs-1]
 	e.cur.Frames = append(e.cur.Frames, b[:e.cfg.Out.Headroom()+n])
+	if e.cur.Refs != nil {
+		e.cur.Refs = append(e.cur.Refs, nil)
+	}
+	e.stats.sent.Add(1)
+}
+
+// emitRef queues the frame just built as a whole message whose payload is
+// ref, in region mr, which stays pinned until the batch is released.
+func (e *Engine) emitRef(n int, ref []byte, mr *MR) {
+	c := e.cur
+	if c.Refs == nil {
+		c.Refs = c.refs[:len(c.Frames)]
+		clear(c.Refs)
+	}
+	b := c.bufs[e.curBufs-1]
+	c.Frames = append(c.Frames, b[:e.cfg.Out.Headroom()+n])
+	c.Refs = append(c.Refs, ref)
+	mr.pins.Add(1)
+	c.pins = append(c.pins, mr)
 	e.stats.sent.Add(1)
 }
 
@@ -216,7 +261,7 @@ func (e *Engine) flush() {
 		return
 	}
 	e.cfg.Out.Send(b.Frames)
-	b.Frames = b.Frames[:0]
+	b.reset()
 	e.curBufs = 0
 }
 
@@ -330,10 +375,15 @@ func (e *Engine) remove(qp *QP) {
 // checked the ICRC): requests go to the responder of their QP, responses
 // and acknowledgements to its completer.
 func (e *Engine) Receive(frame []byte, p *roce.Packet) {
-	e.stats.received.Add(1)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	defer e.flush()
+	e.receiveLocked(frame, p)
+}
+
+// receiveLocked is Receive with e.mu held.
+func (e *Engine) receiveLocked(frame []byte, p *roce.Packet) {
+	e.stats.received.Add(1)
 	qp := e.qps[p.BTH.DestQP]
 	if qp == nil || !qp.acceptsTransport(p.BTH.Opcode) {
 		e.stats.dropped.Add(1)
@@ -352,12 +402,37 @@ func (e *Engine) Receive(frame []byte, p *roce.Packet) {
 	}
 }
 
+// Barrier waits until whatever the engine is doing under its lock is
+// done. After Memory.Deregister and a Barrier, nothing but the pinned
+// frames of a local switch (MR.Pinned) refers to the region's memory.
+func (e *Engine) Barrier() {
+	e.mu.Lock()
+	//lint:ignore SA2001 an empty critical section is the point
+	e.mu.Unlock()
+}
+
 // QPCount returns how many queue pairs the engine holds (killed ones
 // included until their linger ends).
 func (e *Engine) QPCount() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return len(e.qps)
+}
+
+// ReceiveLocal handles a frame of a local switch: like Receive, and when
+// ref is not nil the frame is a whole message whose payload is ref (see
+// Config.Local).
+func (e *Engine) ReceiveLocal(frame []byte, p *roce.Packet, ref []byte) {
+	if ref == nil {
+		e.Receive(frame, p)
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	defer e.flush()
+	e.ref, e.refOK = ref, true
+	e.receiveLocked(frame, p)
+	e.ref, e.refOK = nil, false
 }
 
 // Tick runs the timers that are due: retransmission after a local ACK

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 )
 
 // PD is a protection domain: memory regions and queue pairs of one PD may
@@ -20,8 +21,14 @@ type MR struct {
 	RKey   uint32
 	Access Access
 
-	invalid bool // RKey invalidated by SEND with invalidate
+	invalid bool         // RKey invalidated by SEND with invalidate
+	pins    atomic.Int32 // frames of the local switch that point into Buf
 }
+
+// Pinned reports whether frames still in flight on a local switch point
+// into the region's memory: its owner must not unmap it until they are
+// gone (a deregistered region gets no new ones).
+func (mr *MR) Pinned() bool { return mr.pins.Load() != 0 }
 
 // Memory holds the protection domains and memory regions of one engine.
 type Memory struct {
@@ -124,15 +131,16 @@ func (m *Memory) remote(pd *PD, rkey uint32, va uint64, n uint32, need Access) (
 
 // local checks an SGE for a QP of pd, with local write when the transport
 // writes into it, and returns its bytes.
-func (m *Memory) local(pd *PD, sge SGE, write bool) ([]byte, bool) {
+func (m *Memory) local(pd *PD, sge SGE, write bool) ([]byte, *MR, bool) {
 	if sge.Length == 0 {
-		return nil, true
+		return nil, nil, true
 	}
 	mr := m.lookup(sge.LKey)
 	if mr == nil || mr.PD != pd || write && mr.Access&AccessLocalWrite == 0 {
-		return nil, false
+		return nil, nil, false
 	}
-	return mr.slice(sge.Addr, sge.Length)
+	b, ok := mr.slice(sge.Addr, sge.Length)
+	return b, mr, ok
 }
 
 // invalidate marks the region with rkey as no longer remotely usable, for
@@ -152,20 +160,22 @@ func (m *Memory) invalidate(pd *PD, rkey uint32) bool {
 // message in or out piece by piece.
 type sgl struct {
 	segs  [][]byte
+	mrs   []*MR // the region of each segment
 	total uint32
 }
 
 // resolve resolves SGEs; ok is false for an SGE that fails the checks.
 func (m *Memory) resolve(pd *PD, sges []SGE, write bool, dst *sgl) bool {
-	dst.segs = dst.segs[:0]
+	dst.segs, dst.mrs = dst.segs[:0], dst.mrs[:0]
 	dst.total = 0
 	for _, s := range sges {
-		b, ok := m.local(pd, s, write)
+		b, mr, ok := m.local(pd, s, write)
 		if !ok {
 			return false
 		}
 		if len(b) > 0 {
 			dst.segs = append(dst.segs, b)
+			dst.mrs = append(dst.mrs, mr)
 			dst.total += uint32(len(b))
 		}
 	}

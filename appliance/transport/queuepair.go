@@ -84,7 +84,8 @@ type QP struct {
 	msgSend bool      // the message in progress is a SEND (else a WRITE)
 	msgOff  uint32
 	msgLen  uint32
-	msgBuf  []byte // WRITE target
+	msgRKey uint32 // WRITE target
+	msgVA   uint64
 	cache   []respEntry
 	cacheN  int
 	stash   *reorderStash
@@ -94,6 +95,7 @@ type QP struct {
 	killAt time.Time
 
 	scratch sgl
+	local   bool // the destination is on a local switch: whole-message frames
 }
 
 // Num returns the queue pair number.
@@ -254,6 +256,7 @@ func (qp *QP) prepare() {
 		return
 	}
 	qp.pmtu = a.PathMTU.Bytes()
+	qp.local = qp.cfg.Type == RC && e.cfg.Local != nil && e.cfg.Local(a.AV.DstIP)
 	qp.src, _ = e.sourceAddr(a.AV.SGIDIndex)
 	qp.sport = roce.ConnectedSourcePort(a.AV.FlowLabel, qp.num, a.DestQPN)
 	qp.tmpl = qp.template(a.AV.DstIP, a.AV.DstMAC, a.DestQPN, a.AV.TClass, a.AV.FlowLabel)

@@ -183,6 +183,9 @@ func (qp *QP) sendRC(w *sendWQE) bool {
 	if w.wr.Flags&SendInline != 0 {
 		inline = w.inline
 	}
+	if qp.local && inline == nil && qp.reqOff == 0 && w.length > pmtu && len(qp.scratch.segs) == 1 {
+		return qp.sendWhole(w, p)
+	}
 	for {
 		if qp.cfg.Type == RC && qp.inflight() >= maxInflight {
 			return false
@@ -222,6 +225,55 @@ func (qp *QP) sendRC(w *sendWQE) bool {
 		}
 		qp.reqOff = off + n
 	}
+}
+
+// sendWhole sends a SEND or WRITE to a destination on the local switch
+// as one frame: the ONLY opcode, the PSNs of all the message's packets,
+// and the payload left where it is, in the source region (Batch.Refs).
+// The responder executes it as the packets would be and acknowledges its
+// last PSN.
+func (qp *QP) sendWhole(w *sendWQE, p *roce.Packet) bool {
+	if qp.inflight() >= maxInflight {
+		return false
+	}
+	op := w.wr.Opcode
+	p.BTH.PSN = w.firstPSN
+	p.BTH.Opcode = rcOpcode(op, true, true)
+	info := p.BTH.Opcode.Info()
+	if info.Has(roce.HasRETH) {
+		p.RETH = roce.RETHFields{VA: w.wr.RemoteAddr, RKey: w.wr.RKey, DMALen: w.length}
+	}
+	if info.Has(roce.HasImmDt) {
+		p.Imm = w.wr.Imm
+	}
+	if info.Has(roce.HasIETH) {
+		p.IETH = w.wr.Imm
+	}
+	p.BTH.SolicitedEvent = w.wr.Flags&SendSolicited != 0
+	p.BTH.AckReq = true
+	qp.noAckPkts = 0
+	e := qp.e
+	e.flush() // the frame travels alone, so the output can route its batch whole
+	b := e.frame()
+	p.SetPayloadLen(0)
+	if !p.IPv6 {
+		e.ipID++
+		p.ID = e.ipID
+	}
+	m, err := p.Encode(b)
+	if err != nil {
+		e.unframe()
+		e.stats.dropped.Add(1)
+		return false
+	}
+	e.emitRef(m, qp.scratch.segs[0], qp.scratch.mrs[0])
+	e.flush()
+	if end := w.lastPSN.Next(); end.Diff(qp.sentTo) > 0 {
+		qp.sentTo = end
+	}
+	qp.psn = w.lastPSN.Next()
+	qp.finishSent()
+	return true
 }
 
 // sendReadOrAtomic sends the request of an atomic, or of a READ for the

@@ -273,6 +273,13 @@ func (qp *QP) sendOrWrite(frame []byte, p *roce.Packet) {
 		return
 	}
 	payload := p.Payload(frame)
+	npkts := 1
+	if qp.e.refOK && first && last {
+		// A whole message from the local switch: it stands for all the
+		// packets of its payload.
+		payload = qp.e.ref
+		npkts = max(1, (len(payload)+qp.pmtu-1)/qp.pmtu)
+	}
 	if first {
 		qp.msgSend, qp.msgOff = isSend, 0
 		if !isSend {
@@ -280,12 +287,11 @@ func (qp *QP) sendOrWrite(frame []byte, p *roce.Packet) {
 				qp.nak(roce.NAKRemoteAccessError)
 				return
 			}
-			buf, ok := qp.e.mem.remote(qp.cfg.PD, p.RETH.RKey, p.RETH.VA, p.RETH.DMALen, AccessRemoteWrite)
-			if !ok {
+			if _, ok := qp.e.mem.remote(qp.cfg.PD, p.RETH.RKey, p.RETH.VA, p.RETH.DMALen, AccessRemoteWrite); !ok {
 				qp.nak(roce.NAKRemoteAccessError)
 				return
 			}
-			qp.msgBuf, qp.msgLen = buf, p.RETH.DMALen
+			qp.msgRKey, qp.msgVA, qp.msgLen = p.RETH.RKey, p.RETH.VA, p.RETH.DMALen
 		}
 	}
 	if isSend {
@@ -306,7 +312,15 @@ func (qp *QP) sendOrWrite(frame []byte, p *roce.Packet) {
 			qp.nak(roce.NAKInvalidRequest)
 			return
 		}
-		copy(qp.msgBuf[qp.msgOff:], payload)
+		// The target is looked up again for each packet: no slice of a
+		// region outlives the engine's lock, so a region deregistered in
+		// the middle of a message is refused, never written after.
+		dst, ok := qp.e.mem.remote(qp.cfg.PD, qp.msgRKey, qp.msgVA+uint64(qp.msgOff), uint32(len(payload)), AccessRemoteWrite)
+		if !ok {
+			qp.nak(roce.NAKRemoteAccessError)
+			return
+		}
+		copy(dst, payload)
 	}
 	if last && info.Has(roce.HasIETH) && !qp.e.mem.invalidate(qp.cfg.PD, p.IETH) {
 		// IBA 10.6.7.2 and the class J responder error: an R_Key the
@@ -318,7 +332,7 @@ func (qp *QP) sendOrWrite(frame []byte, p *roce.Packet) {
 	}
 	qp.msgOff += uint32(len(payload))
 	qp.inMsg = !last
-	qp.ePSN = qp.ePSN.Next()
+	qp.ePSN = qp.ePSN.Add(npkts)
 	if last {
 		qp.msn++
 		if needRecv {
@@ -339,7 +353,11 @@ func (qp *QP) sendOrWrite(frame []byte, p *roce.Packet) {
 		}
 	}
 	if qp.cfg.Type == RC {
-		qp.ack(p)
+		if npkts > 1 {
+			qp.sendAck(p.BTH.PSN.Add(npkts-1), roce.SyndromeACK|roce.CreditInvalid)
+		} else {
+			qp.ack(p)
+		}
 	}
 }
 
