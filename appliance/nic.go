@@ -22,6 +22,7 @@ type NIC struct {
 	port   *Port
 	engine atomic.Pointer[transport.Engine]
 	sw     *Switch
+	tap    func([]byte, *roce.Packet) // the port config's Handler, called first
 
 	lmu    sync.Mutex
 	local  []localItem   // frames from the switch, for this NIC's engine
@@ -42,9 +43,10 @@ type localItem struct {
 }
 
 // OpenNIC opens a port for cfg and runs a transport engine on it. sw is
-// the local switch to join, nil for none.
+// the local switch to join, nil for none. A Handler in cfg sees every
+// RoCE packet of the port before the engine does.
 func OpenNIC(name string, cfg PortConfig, sw *Switch) (*NIC, error) {
-	n := &NIC{name: name, sw: sw, signal: make(chan struct{}, 1), stop: make(chan struct{})}
+	n := &NIC{name: name, sw: sw, signal: make(chan struct{}, 1), stop: make(chan struct{}), tap: cfg.Handler}
 	cfg.Handler = n.receive
 	p, err := OpenPort(cfg)
 	if err != nil {
@@ -57,7 +59,7 @@ func OpenNIC(name string, cfg PortConfig, sw *Switch) (*NIC, error) {
 // NewNIC runs a port and its engine on an existing device (a fake in
 // tests); the NIC owns dev from then on.
 func NewNIC(name string, dev tap.Device, cfg PortConfig, sw *Switch) (*NIC, error) {
-	n := &NIC{name: name, sw: sw, signal: make(chan struct{}, 1), stop: make(chan struct{})}
+	n := &NIC{name: name, sw: sw, signal: make(chan struct{}, 1), stop: make(chan struct{}), tap: cfg.Handler}
 	cfg.Handler = n.receive
 	p, err := NewPort(dev, cfg)
 	if err != nil {
@@ -87,6 +89,9 @@ func (n *NIC) start(p *Port) {
 func (n *NIC) Receive(frame []byte, p *roce.Packet) { n.receive(frame, p) }
 
 func (n *NIC) receive(frame []byte, p *roce.Packet) {
+	if n.tap != nil {
+		n.tap(frame, p)
+	}
 	if e := n.engine.Load(); e != nil {
 		e.Receive(frame, p)
 	}

@@ -214,10 +214,6 @@ func BenchmarkLabWrite64K(b *testing.B) {
 	es := startEngines(l)
 	defer es.close()
 	A, B := l.Hosts[0], l.Hosts[1]
-	for i, h := range l.Hosts {
-		e := es.eng[i]
-		h.SetHandler(func(frame []byte, p *roce.Packet) { e.Receive(frame, p) })
-	}
 	const size = 64 << 10
 	const region = 64 * size
 	rp, err := connectRC(b.Context(), es.eng[0], es.eng[1], A, B, region)

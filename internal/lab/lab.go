@@ -47,7 +47,17 @@ type Topology struct {
 	Handler func(host int, frame []byte, p *roce.Packet)
 	// Logger for the ports.
 	Logger *slog.Logger
+	// Socket is the appliance's control socket, where client processes in
+	// the namespaces reach their ports' devices (default DefaultSocket).
+	Socket string
+	// LocalSwitch lets the hosts' ports exchange frames in memory instead
+	// of through the TAPs and the veth (off: the lab's traffic crosses the
+	// wire as between two machines).
+	LocalSwitch bool
 }
+
+// DefaultSocket is the control socket of a lab's appliance.
+const DefaultSocket = "/run/taproce/lab.sock"
 
 // Host is one namespace of the lab.
 type Host struct {
@@ -59,6 +69,9 @@ type Host struct {
 	// the namespace kernel's own addresses on the bridge.
 	PortAddrs, KernelAddrs []netip.Prefix
 	Port                   *appliance.Port
+	// NIC is the port with its transport; Device its verbs device name.
+	NIC    *appliance.NIC
+	Device string
 
 	extra atomic.Pointer[func([]byte, *roce.Packet)] // a second handler, set while the lab runs
 }
@@ -83,6 +96,7 @@ func (h *Host) PortIPv6() netip.Addr { return h.PortAddrs[1].Addr() }
 type Lab struct {
 	Topology
 	Hosts      []*Host
+	App        *appliance.Appliance // serves verbs on Socket once Serve runs
 	namespaces []string
 }
 
@@ -104,7 +118,11 @@ func Build(t Topology) (l *Lab, err error) {
 	if t.Logger == nil {
 		t.Logger = slog.Default()
 	}
+	if t.Socket == "" {
+		t.Socket = DefaultSocket
+	}
 	l = &Lab{Topology: t}
+	l.App = appliance.New(appliance.Options{Socket: t.Socket, LocalSwitch: t.LocalSwitch, Logger: t.Logger})
 	defer func() {
 		if err != nil {
 			l.Close()
@@ -284,7 +302,7 @@ func (l *Lab) openPort(host *Host) error {
 			(*fn)(frame, p)
 		}
 	}
-	port, err := appliance.OpenPort(appliance.PortConfig{
+	nic, err := l.App.AddPort(appliance.PortConfig{
 		Namespace: host.Namespace,
 		Netns:     netnsutil.Path(host.Namespace),
 		Name:      appliance.DefaultPortName,
@@ -300,7 +318,8 @@ func (l *Lab) openPort(host *Host) error {
 	if err != nil {
 		return fmt.Errorf("lab: %w", err)
 	}
-	host.Port = port
+	port := nic.Port()
+	host.Port, host.NIC, host.Device = port, nic, nic.Name()
 	if err := netnsutil.AttachToBridge(netnsutil.Path(host.Namespace), appliance.DefaultPortName, host.Bridge); err != nil {
 		return fmt.Errorf("lab: attaching the TAP of %s: %w", host.Namespace, err)
 	}
@@ -314,13 +333,13 @@ func (l *Lab) openPort(host *Host) error {
 // them). It is safe on a partly built lab.
 func (l *Lab) Close() error {
 	var errs []error
-	for _, h := range l.Hosts {
-		if h.Port != nil {
-			if err := h.Port.Close(); err != nil {
-				errs = append(errs, err)
-			}
-			h.Port = nil
+	if l.App != nil {
+		if err := l.App.Close(); err != nil {
+			errs = append(errs, err)
 		}
+	}
+	for _, h := range l.Hosts {
+		h.Port, h.NIC = nil, nil
 	}
 	for i := len(l.namespaces) - 1; i >= 0; i-- {
 		if err := netnsutil.Delete(l.namespaces[i]); err != nil {

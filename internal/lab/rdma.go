@@ -7,13 +7,10 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"time"
 
-	"github.com/taproce/taproce/appliance"
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/appliance/transport"
-	"github.com/taproce/taproce/tap"
 )
 
 // labTimeout is the lab QPs' local ACK timeout exponent: 4.096 µs × 2^12
@@ -22,63 +19,20 @@ import (
 // nothing after it reveals) cost seconds, not a minute, over 256 MiB.
 const labTimeout = 12
 
-// portOutput hands an engine's frames to its port, whose writer
-// goroutine writes them while the engine builds the next.
-type portOutput struct{ port *appliance.Port }
-
-func (o portOutput) Headroom() int { return tap.Headroom }
-func (o portOutput) Send(frames [][]byte) {
-	_ = o.port.Send(frames, tap.Headroom)
-}
-func (o portOutput) SendBatch(b *transport.Batch) {
-	o.port.SendAsync(b.Frames, tap.Headroom, b.Release)
-}
-
-// engines gives each lab host a transport engine on its port and runs the
-// engines' timers until stop is called.
+// engines are the transport engines of the lab hosts' NICs.
 type engines struct {
-	eng  []*transport.Engine
-	stop chan struct{}
-	wg   sync.WaitGroup
+	eng []*transport.Engine
 }
 
 func startEngines(l *Lab) *engines {
-	es := &engines{stop: make(chan struct{})}
+	es := &engines{}
 	for _, h := range l.Hosts {
-		e := transport.NewEngine(transport.Config{
-			MAC:  h.Port.MAC(),
-			GIDs: h.Port.Station().GIDs(),
-			MTU:  h.Port.Device().MTU(),
-			Out:  portOutput{h.Port},
-		})
-		es.eng = append(es.eng, e)
-		es.wg.Add(1)
-		go func() {
-			defer es.wg.Done()
-			t := time.NewTimer(time.Millisecond)
-			defer t.Stop()
-			for {
-				select {
-				case <-es.stop:
-					return
-				case <-t.C:
-				}
-				e.Tick()
-				d := time.Millisecond
-				if next, ok := e.NextDeadline(); ok {
-					d = min(max(time.Until(next), 50*time.Microsecond), time.Millisecond)
-				}
-				t.Reset(d)
-			}
-		}()
+		es.eng = append(es.eng, h.NIC.Engine())
 	}
 	return es
 }
 
-func (es *engines) close() {
-	close(es.stop)
-	es.wg.Wait()
-}
+func (es *engines) close() {}
 
 // rcPair is an RC connection between two lab hosts, each with a region.
 type rcPair struct {
@@ -191,15 +145,6 @@ func rdmaSteps(ctx context.Context, l *Lab, total int) []Step {
 	es := startEngines(l)
 	defer es.close()
 	a, b := l.Hosts[0], l.Hosts[1]
-	for i, h := range l.Hosts[:2] {
-		e := es.eng[i]
-		h.SetHandler(func(frame []byte, p *roce.Packet) {
-			if p.BTH.Opcode.Transport() == roce.TransportRC {
-				e.Receive(frame, p)
-			}
-		})
-		defer h.SetHandler(nil)
-	}
 	const region = 32 << 20
 	name := fmt.Sprintf("RDMA %s ⇄ %s", a.Namespace, b.Namespace)
 	start := time.Now()
