@@ -243,13 +243,12 @@ type Context struct {
 	attr DeviceAttr
 	port PortAttr
 
-	mu      sync.Mutex
-	closed  bool
-	qps     map[uint32]*QP // by handle
-	cqs     map[uint32]*CQ
-	srqs    map[uint32]*SRQ
-	events  chan AsyncEvent
-	objects int
+	mu     sync.Mutex
+	closed bool
+	qps    map[uint32]*QP // by handle
+	cqs    map[uint32]*CQ
+	srqs   map[uint32]*SRQ
+	events chan AsyncEvent
 }
 
 // Open opens a device by name; "" opens the first device this process may

@@ -12,14 +12,6 @@ import (
 	"github.com/taproce/taproce/verbs/abi"
 )
 
-// track records a region to unmap when the context closes.
-func (c *Context) track(r *shmem.Region) {
-	c.mu.Lock()
-	c.objects++
-	c.mu.Unlock()
-	_ = r
-}
-
 func (c *Context) destroy(ctx context.Context, op abi.Op, h abi.Handle) error {
 	var r abi.ErrnoReply
 	if _, err := c.cn.call(ctx, op, &abi.HandleRequest{Handle: h}, &r); err != nil {

@@ -26,7 +26,6 @@ import (
 
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/appliance/transport"
-	"github.com/taproce/taproce/shmem"
 )
 
 // DefaultSocket is where the appliance listens unless configured.
@@ -363,15 +362,3 @@ func peerCred(c *net.UnixConn) (int32, error) {
 	}
 	return cred.Pid, nil
 }
-
-// Regions of the shared objects are memfds made here; the client maps
-// them. closeAll closes what it is given, ignoring nils.
-func closeAll(cs ...interface{ Close() error }) {
-	for _, c := range cs {
-		if c != nil {
-			_ = c.Close()
-		}
-	}
-}
-
-var _ = shmem.ErrSize
