@@ -32,8 +32,59 @@ func runConfig(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	fmt.Fprintf(stdout, "%s: ok: socket %s, log level %s, %d port(s)\n", fs.Arg(0), c.Socket, c.LogLevel, len(c.Ports))
-	for _, p := range c.Ports {
-		fmt.Fprintf(stdout, "  port %s/%s mode %s mtu %d addresses %v\n", p.Namespace, p.Name, p.Mode, p.MTU, p.Addresses)
-	}
+	printConfig(stdout, c)
 	return 0
+}
+
+// printConfig prints every setting of c, defaults included.
+func printConfig(w io.Writer, c *config.Config) {
+	onOff := func(b bool) string {
+		if b {
+			return "on"
+		}
+		return "off"
+	}
+	orOff := func(s, what string) string {
+		if s == "" {
+			return "off"
+		}
+		return s + what
+	}
+	l := c.Limits
+	fmt.Fprintf(w, "  control socket   %s\n", c.Socket)
+	fmt.Fprintf(w, "  admin socket     %s\n", c.AdminSocket)
+	fmt.Fprintf(w, "  metrics          %s\n", orOff(c.MetricsAddress, " (/metrics, /healthz)"))
+	fmt.Fprintf(w, "  state file       %s\n", orOff(c.StateFile, ""))
+	fmt.Fprintf(w, "  local switch     %s\n", onOff(c.LocalSwitch))
+	fmt.Fprintf(w, "  poll             %s\n", c.Poll)
+	fmt.Fprintf(w, "  linger           %v\n", c.Linger)
+	fmt.Fprintf(w, "  default MTU      %d\n", c.DefaultMTU)
+	fmt.Fprintf(w, "  client limits    %d QPs, %d CQs, %d SRQs, %d MRs, %d PDs, %d AHs, %s of MRs\n",
+		l.QPs, l.CQs, l.SRQs, l.MRs, l.PDs, l.AHs, byteSize(l.MRBytes))
+	for _, p := range c.Ports {
+		fmt.Fprintf(w, "  port %s/%s mode %s mtu %d addresses %v", p.Namespace, p.Name, p.Mode, p.MTU, p.Addresses)
+		if p.MAC != nil {
+			fmt.Fprintf(w, " mac %s", p.MAC)
+		}
+		if p.Impair.Ingress.Enabled() {
+			fmt.Fprintf(w, " ingress %q", p.Impair.Ingress.String())
+		}
+		if p.Impair.Egress.Enabled() {
+			fmt.Fprintf(w, " egress %q", p.Impair.Egress.String())
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+// byteSize writes n bytes in the largest binary unit that divides it.
+func byteSize(n int64) string {
+	for _, u := range []struct {
+		name  string
+		shift uint
+	}{{"TiB", 40}, {"GiB", 30}, {"MiB", 20}, {"KiB", 10}} {
+		if n >= 1<<u.shift && n%(1<<u.shift) == 0 {
+			return fmt.Sprintf("%d %s", n>>u.shift, u.name)
+		}
+	}
+	return fmt.Sprintf("%d B", n)
 }

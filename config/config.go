@@ -1,7 +1,12 @@
 // Package config reads and checks the appliance's TOML configuration file:
 //
 //	socket = "/run/taproce/taproce.sock"
+//	admin_socket = "/run/taproce/admin.sock"
+//	metrics_address = "127.0.0.1:9476"
 //	log_level = "info"
+//
+//	[limits]
+//	qps = 1024
 //
 //	[[port]]
 //	namespace = "lab-a"
@@ -23,8 +28,10 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
+	"github.com/taproce/taproce/appliance/control"
 	"github.com/taproce/taproce/appliance/impair"
 )
 
@@ -32,11 +39,27 @@ import (
 const (
 	// DefaultSocket is the control socket's path when the file gives none.
 	DefaultSocket = "/run/taproce/taproce.sock"
+	// DefaultAdminSocket is the admin API socket's path when the file
+	// gives none.
+	DefaultAdminSocket = "/run/taproce/admin.sock"
+	// DefaultMetricsAddress is where /metrics and /healthz are served when
+	// the file gives no address.
+	DefaultMetricsAddress = "127.0.0.1:9476"
+	// DefaultStateFile is where the appliance records its attachments when
+	// the file gives no path.
+	DefaultStateFile = "/run/taproce/attachments.json"
+	// DefaultPoll is how the appliance waits for clients' posts when the
+	// file does not say.
+	DefaultPoll = PollAdaptive
+	// DefaultLinger is how long a dead client's queue pairs keep answering
+	// their peers when the file does not say.
+	DefaultLinger = 30 * time.Second
 	// DefaultLogLevel is the log level when the file gives none.
 	DefaultLogLevel = "info"
 	// DefaultPortName is a port's TAP device name when its table gives none.
 	DefaultPortName = "roce0"
-	// DefaultMTU is a port's MTU when its table gives none.
+	// DefaultMTU is default_mtu when the file gives none: the MTU of a
+	// port whose table gives none.
 	DefaultMTU = 1500
 	// MinMTU is the smallest MTU a port accepts (the IPv4 minimum datagram
 	// every host must accept).
@@ -51,6 +74,30 @@ const (
 	MaxSocketPath = 107
 	// NetnsDir is where a namespace given by name lives.
 	NetnsDir = "/var/run/netns"
+	// MaxLimit bounds every object count of [limits] (queue pair numbers
+	// have 24 bits).
+	MaxLimit = 1<<24 - 1
+)
+
+// Default per-client limits, those of the control server.
+const (
+	DefaultQPs     = 1024
+	DefaultCQs     = 1024
+	DefaultSRQs    = 256
+	DefaultMRs     = 4096
+	DefaultPDs     = 256
+	DefaultAHs     = 4096
+	DefaultMRBytes = 16 << 30
+)
+
+// Poll modes; see Config.Poll.
+const (
+	// PollAdaptive spins briefly after work, then sleeps on the doorbell.
+	PollAdaptive = "adaptive"
+	// PollBlock sleeps on the doorbell as soon as the rings are empty.
+	PollBlock = "block"
+	// PollSpin never sleeps: a core per client.
+	PollSpin = "spin"
 )
 
 // Port attachment modes; see Port.Mode.
@@ -58,8 +105,9 @@ const (
 	// ModeBridge makes the TAP a bridge port next to the namespace's uplink,
 	// with the port as a separate station on that L2 segment.
 	ModeBridge = "bridge"
-	// ModeRedirect rides the pod's own interface and IP. This version does
-	// not support it yet and rejects it.
+	// ModeRedirect rides a pod's own interface and IP. Pods get such ports
+	// from the CNI plugin through the admin API; a static [[port]] cannot
+	// be one, and Validate rejects it there.
 	ModeRedirect = "redirect"
 )
 
@@ -81,11 +129,64 @@ type Config struct {
 	// Socket is the path of the control socket (a name starting with '@'
 	// is a Linux abstract socket).
 	Socket string
+	// AdminSocket is the path of the admin API's socket, the one the CNI
+	// plugin calls; a file path, not an abstract socket, and not Socket.
+	AdminSocket string
+	// MetricsAddress is the TCP address (host:port) of the HTTP server for
+	// /metrics and /healthz; empty disables it. Port 0 picks a free port.
+	MetricsAddress string
+	// StateFile is where the appliance records its attachments, so that a
+	// later run adopts or cleans up what this one leaves; an absolute
+	// path, or empty for none.
+	StateFile string
 	// LogLevel is one of debug, info, warn and error.
 	LogLevel string
+	// LocalSwitch lets traffic between the appliance's own ports cross in
+	// memory instead of through their TAP devices. It has no zero
+	// default: Default turns it on, a Config built in code says.
+	LocalSwitch bool
+	// Poll is how the appliance waits for clients' posts: PollAdaptive,
+	// PollBlock or PollSpin.
+	Poll string
+	// Limits bound what one client may hold.
+	Limits Limits
+	// Linger is how long the queue pairs of a client that died keep
+	// answering their peers (with a NAK) before they go; positive.
+	Linger time.Duration
+	// DefaultMTU is the MTU of a port whose table gives none, within
+	// MinMTU..MaxMTU.
+	DefaultMTU int
 	// Ports are the ports to serve, one per [[port]] table. There may be
 	// none: ports can also be added at run time.
 	Ports []Port
+}
+
+// Limits bound the verbs objects one client (one connection to the
+// control socket) may hold at a time. Each is at least 1; the counts are
+// at most MaxLimit.
+type Limits struct {
+	QPs, CQs, SRQs, MRs, PDs, AHs int
+	// MRBytes bounds the bytes of all the client's memory regions.
+	MRBytes int64
+}
+
+// DefaultLimits returns the limits of an empty [limits] table.
+func DefaultLimits() Limits {
+	return Limits{QPs: DefaultQPs, CQs: DefaultCQs, SRQs: DefaultSRQs, MRs: DefaultMRs, PDs: DefaultPDs, AHs: DefaultAHs, MRBytes: DefaultMRBytes}
+}
+
+// Control returns the limits as the control server takes them.
+func (l Limits) Control() control.Limits {
+	return control.Limits{QPs: l.QPs, CQs: l.CQs, SRQs: l.SRQs, MRs: l.MRs, PDs: l.PDs, AHs: l.AHs, MRBytes: l.MRBytes}
+}
+
+// PollMode returns Poll as the control server takes it.
+func (c *Config) PollMode() (control.PollMode, error) {
+	m, err := control.ParsePollMode(c.Poll)
+	if err != nil {
+		return 0, fmt.Errorf("config: %w", err)
+	}
+	return m, nil
 }
 
 // Port is one TAP device in one network namespace and the RoCE endpoint
@@ -105,7 +206,8 @@ type Port struct {
 	// is at least one, and each address appears once.
 	Addresses []netip.Prefix
 	// MTU is the TAP device's MTU, within MinMTU..MaxMTU, and at least
-	// MinIPv6MTU when the port has an IPv6 address.
+	// MinIPv6MTU when the port has an IPv6 address. Parse gives a port
+	// without one the file's default_mtu.
 	MTU int
 	// Impair injects faults into the port's frames.
 	Impair Impair
@@ -119,10 +221,21 @@ type Impair struct {
 	Egress impair.Spec
 }
 
-// Default returns the configuration of an empty file: default socket and
-// log level, no ports.
+// Default returns the configuration of an empty file: every default, no
+// ports.
 func Default() *Config {
-	return &Config{Socket: DefaultSocket, LogLevel: DefaultLogLevel}
+	return &Config{
+		Socket:         DefaultSocket,
+		AdminSocket:    DefaultAdminSocket,
+		MetricsAddress: DefaultMetricsAddress,
+		StateFile:      DefaultStateFile,
+		LogLevel:       DefaultLogLevel,
+		LocalSwitch:    true,
+		Poll:           DefaultPoll,
+		Limits:         DefaultLimits(),
+		Linger:         DefaultLinger,
+		DefaultMTU:     DefaultMTU,
+	}
 }
 
 // DefaultPort returns a port with the defaults of an empty [[port]] table.
@@ -132,13 +245,39 @@ func DefaultPort() Port {
 }
 
 // ApplyDefaults fills in the fields of c and its ports that have a default
-// and are zero, for configurations built in code.
+// and are zero, for configurations built in code. MetricsAddress and
+// StateFile, for which empty means "none", and LocalSwitch stay as they
+// are. A port without an MTU gets DefaultMTU.
 func (c *Config) ApplyDefaults() {
 	if c.Socket == "" {
 		c.Socket = DefaultSocket
 	}
+	if c.AdminSocket == "" {
+		c.AdminSocket = DefaultAdminSocket
+	}
 	if c.LogLevel == "" {
 		c.LogLevel = DefaultLogLevel
+	}
+	if c.Poll == "" {
+		c.Poll = DefaultPoll
+	}
+	def := DefaultLimits()
+	for _, f := range []struct{ v, d *int }{
+		{&c.Limits.QPs, &def.QPs}, {&c.Limits.CQs, &def.CQs}, {&c.Limits.SRQs, &def.SRQs},
+		{&c.Limits.MRs, &def.MRs}, {&c.Limits.PDs, &def.PDs}, {&c.Limits.AHs, &def.AHs},
+	} {
+		if *f.v == 0 {
+			*f.v = *f.d
+		}
+	}
+	if c.Limits.MRBytes == 0 {
+		c.Limits.MRBytes = def.MRBytes
+	}
+	if c.Linger == 0 {
+		c.Linger = DefaultLinger
+	}
+	if c.DefaultMTU == 0 {
+		c.DefaultMTU = DefaultMTU
 	}
 	for i := range c.Ports {
 		p := &c.Ports[i]
@@ -149,7 +288,7 @@ func (c *Config) ApplyDefaults() {
 			p.Mode = ModeBridge
 		}
 		if p.MTU == 0 {
-			p.MTU = DefaultMTU
+			p.MTU = c.DefaultMTU
 		}
 	}
 }
@@ -222,18 +361,55 @@ type lineFunc func(key string) int
 // not nil.
 func (c *Config) validate(line lineFunc) []*Error {
 	v := validator{line: line}
-	switch {
-	case c.Socket == "":
-		v.add("socket", "must not be empty", nil)
-	case strings.IndexByte(c.Socket, 0) >= 0:
-		v.add("socket", fmt.Sprintf("%q contains a NUL byte", c.Socket), nil)
-	case len(c.Socket) > MaxSocketPath:
-		v.add("socket", fmt.Sprintf("%q is %d bytes long; unix socket paths have at most %d", c.Socket, len(c.Socket), MaxSocketPath), nil)
+	socketOK := v.socket("socket", c.Socket)
+	if v.socket("admin_socket", c.AdminSocket) {
+		switch {
+		case strings.HasPrefix(c.AdminSocket, "@"):
+			v.add("admin_socket", fmt.Sprintf("%q is an abstract socket; the admin socket must be a file, readable by root only", c.AdminSocket), nil)
+		case socketOK && c.AdminSocket == c.Socket:
+			v.add("admin_socket", fmt.Sprintf("%q is the control socket too; give them different paths", c.AdminSocket), nil)
+		}
+	}
+	v.address("metrics_address", c.MetricsAddress)
+	if c.StateFile != "" {
+		switch {
+		case strings.IndexByte(c.StateFile, 0) >= 0:
+			v.add("state_file", fmt.Sprintf("%q contains a NUL byte", c.StateFile), nil)
+		case !strings.HasPrefix(c.StateFile, "/"):
+			v.add("state_file", fmt.Sprintf("%q is not an absolute path", c.StateFile), nil)
+		case path.Clean(c.StateFile) != c.StateFile:
+			v.add("state_file", fmt.Sprintf("%q is not a clean path (want %q)", c.StateFile, path.Clean(c.StateFile)), nil)
+		case c.StateFile == "/":
+			v.add("state_file", "\"/\" is a directory", nil)
+		}
 	}
 	switch c.LogLevel {
 	case LogDebug, LogInfo, LogWarn, LogError:
 	default:
 		v.add("log_level", fmt.Sprintf("%q is not one of debug, info, warn, error", c.LogLevel), nil)
+	}
+	if _, err := control.ParsePollMode(c.Poll); err != nil || c.Poll == "" {
+		v.add("poll", fmt.Sprintf("%q is not one of %s, %s, %s", c.Poll, PollAdaptive, PollBlock, PollSpin), err)
+	}
+	for _, l := range []struct {
+		key string
+		n   int
+	}{
+		{"limits.qps", c.Limits.QPs}, {"limits.cqs", c.Limits.CQs}, {"limits.srqs", c.Limits.SRQs},
+		{"limits.mrs", c.Limits.MRs}, {"limits.pds", c.Limits.PDs}, {"limits.ahs", c.Limits.AHs},
+	} {
+		if l.n < 1 || l.n > MaxLimit {
+			v.add(l.key, fmt.Sprintf("%d is outside 1..%d", l.n, MaxLimit), nil)
+		}
+	}
+	if c.Limits.MRBytes < 1 {
+		v.add("limits.mr_bytes", fmt.Sprintf("%d is not a positive number of bytes", c.Limits.MRBytes), nil)
+	}
+	if c.Linger <= 0 {
+		v.add("linger", fmt.Sprintf("%v is not a positive duration", c.Linger), nil)
+	}
+	if c.DefaultMTU < MinMTU || c.DefaultMTU > MaxMTU {
+		v.add("default_mtu", fmt.Sprintf("%d is outside %d..%d", c.DefaultMTU, MinMTU, MaxMTU), nil)
 	}
 
 	type portID struct{ ns, name string }
@@ -286,6 +462,41 @@ func (v *validator) lineOf(key string) int {
 
 func (v *validator) add(key, msg string, err error) {
 	v.errs = append(v.errs, &Error{Line: v.lineOf(key), Key: key, Msg: msg, Err: err})
+}
+
+// socket checks the path of a unix socket and reports whether it is valid.
+func (v *validator) socket(key, s string) bool {
+	switch {
+	case s == "":
+		v.add(key, "must not be empty", nil)
+	case strings.IndexByte(s, 0) >= 0:
+		v.add(key, fmt.Sprintf("%q contains a NUL byte", s), nil)
+	case len(s) > MaxSocketPath:
+		v.add(key, fmt.Sprintf("%q is %d bytes long; unix socket paths have at most %d", s, len(s), MaxSocketPath), nil)
+	default:
+		return true
+	}
+	return false
+}
+
+// address checks a TCP listening address, host:port with a numeric port;
+// empty is valid (nothing listens).
+func (v *validator) address(key, a string) {
+	if a == "" {
+		return
+	}
+	host, port, err := net.SplitHostPort(a)
+	if err != nil {
+		v.add(key, fmt.Sprintf("%q is not host:port, such as 127.0.0.1:9476 or [::1]:9476", a), err)
+		return
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || port != strconv.FormatUint(n, 10) {
+		v.add(key, fmt.Sprintf("%q: port %q is not a number within 0..65535", a, port), nil)
+		return
+	}
+	if ip, err := netip.ParseAddr(host); err == nil && ip.Zone() == "" && (ip.IsMulticast() || ip == netip.AddrFrom4([4]byte{255, 255, 255, 255})) {
+		v.add(key, fmt.Sprintf("%q: %s is not an address to listen on", a, host), nil)
+	}
 }
 
 // namespace checks a port's namespace and reports whether it is valid.
@@ -354,7 +565,7 @@ func (v *validator) port(key string, p *Port) {
 	switch p.Mode {
 	case ModeBridge:
 	case ModeRedirect:
-		v.add(key+".mode", fmt.Sprintf("%q is not supported yet; use %q", p.Mode, ModeBridge), nil)
+		v.add(key+".mode", fmt.Sprintf("%q ports are for pods, attached by the CNI plugin through the admin API; a [[port]] takes %q", p.Mode, ModeBridge), nil)
 	default:
 		v.add(key+".mode", fmt.Sprintf("unknown mode %q; want %q", p.Mode, ModeBridge), nil)
 	}

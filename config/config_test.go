@@ -14,6 +14,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/taproce/taproce/appliance/control"
 	"github.com/taproce/taproce/appliance/impair"
 )
 
@@ -50,6 +51,28 @@ func with(p Port, f func(*Port)) Port {
 	return p
 }
 
+// def returns c with the defaults of an empty file in the fields it leaves
+// zero; LocalSwitch is on, as in a file that does not mention it.
+func def(c Config) *Config {
+	c.ApplyDefaults()
+	d := Default()
+	if c.MetricsAddress == "" {
+		c.MetricsAddress = d.MetricsAddress
+	}
+	if c.StateFile == "" {
+		c.StateFile = d.StateFile
+	}
+	c.LocalSwitch = true
+	return &c
+}
+
+// mod returns Default changed by f.
+func mod(f func(*Config)) *Config {
+	c := Default()
+	f(c)
+	return c
+}
+
 func TestParse(t *testing.T) {
 	tests := []struct {
 		name string
@@ -61,16 +84,32 @@ func TestParse(t *testing.T) {
 		{"top level", doc(`
 socket = "/tmp/t.sock"
 log_level = "debug"
-`), &Config{Socket: "/tmp/t.sock", LogLevel: "debug"}},
-		{"abstract socket", `socket = "@taproce"`, &Config{Socket: "@taproce", LogLevel: "info"}},
+`), def(Config{Socket: "/tmp/t.sock", LogLevel: "debug"})},
+		{"abstract socket", `socket = "@taproce"`, def(Config{Socket: "@taproce", LogLevel: "info"})},
 		{"port defaults", doc(`
 [[port]]
 namespace = "lab-a"
 addresses = ["10.55.0.1/24"]
-`), &Config{Socket: DefaultSocket, LogLevel: DefaultLogLevel, Ports: []Port{port("lab-a", "10.55.0.1/24")}}},
+`), def(Config{Socket: DefaultSocket, LogLevel: DefaultLogLevel, Ports: []Port{port("lab-a", "10.55.0.1/24")}})},
 		{"every key", doc(`
 socket = "/run/t.sock"
+admin_socket = "/run/t-admin.sock"
+metrics_address = "[::1]:9100"
+state_file = "/var/lib/taproce/state.json"
 log_level = "warn"
+local_switch = false
+poll = "spin"
+linger = "2m30s"
+default_mtu = 9000
+
+[limits]
+qps = 16
+cqs = 32
+srqs = 1
+mrs = 64
+pds = 2
+ahs = 8
+mr_bytes = 1048576
 
 [[port]]
 namespace = "/proc/123/ns/net"
@@ -82,18 +121,21 @@ mtu = 9000
 [port.impair]
 egress = "loss=1%,seed=7"
 ingress = "delay=200us"
-`), &Config{Socket: "/run/t.sock", LogLevel: "warn", Ports: []Port{{
-			Namespace: "/proc/123/ns/net",
-			Name:      "rxe-peer_0",
-			Mode:      "bridge",
-			MAC:       mac("02:00:00:00:00:01"),
-			Addresses: pfx("10.55.0.1/24", "fd55::1/64"),
-			MTU:       9000,
-			Impair: Impair{
-				Egress:  impair.Spec{Loss: 0.01, Seed: 7},
-				Ingress: impair.Spec{Delay: 200 * time.Microsecond},
-			},
-		}}}},
+`), &Config{Socket: "/run/t.sock", AdminSocket: "/run/t-admin.sock", MetricsAddress: "[::1]:9100",
+			StateFile: "/var/lib/taproce/state.json", LogLevel: "warn", LocalSwitch: false, Poll: "spin",
+			Limits: Limits{QPs: 16, CQs: 32, SRQs: 1, MRs: 64, PDs: 2, AHs: 8, MRBytes: 1 << 20},
+			Linger: 150 * time.Second, DefaultMTU: 9000, Ports: []Port{{
+				Namespace: "/proc/123/ns/net",
+				Name:      "rxe-peer_0",
+				Mode:      "bridge",
+				MAC:       mac("02:00:00:00:00:01"),
+				Addresses: pfx("10.55.0.1/24", "fd55::1/64"),
+				MTU:       9000,
+				Impair: Impair{
+					Egress:  impair.Spec{Loss: 0.01, Seed: 7},
+					Ingress: impair.Spec{Delay: 200 * time.Microsecond},
+				},
+			}}}},
 		{"two ports", doc(`
 [[port]]
 namespace = "lab-a"
@@ -107,10 +149,10 @@ name = "roce1"
 addresses = ["10.56.0.1/24"]
 [port.impair]
 ingress = "corrupt=1%"
-`), &Config{Socket: DefaultSocket, LogLevel: DefaultLogLevel, Ports: []Port{
+`), def(Config{Socket: DefaultSocket, LogLevel: DefaultLogLevel, Ports: []Port{
 			with(port("lab-a", "10.55.0.1/24"), func(p *Port) { p.Impair.Egress.Loss = 0.05 }),
 			with(port("lab-a", "10.56.0.1/24"), func(p *Port) { p.Name = "roce1"; p.Impair.Ingress.Corrupt = 0.01 }),
-		}}},
+		}})},
 		{"same name in two namespaces", doc(`
 [[port]]
 namespace = "lab-a"
@@ -118,18 +160,18 @@ addresses = ["10.55.0.1/24"]
 [[port]]
 namespace = "lab-b"
 addresses = ["10.55.0.1/24"]
-`), &Config{Socket: DefaultSocket, LogLevel: DefaultLogLevel, Ports: []Port{
+`), def(Config{Socket: DefaultSocket, LogLevel: DefaultLogLevel, Ports: []Port{
 			port("lab-a", "10.55.0.1/24"), port("lab-b", "10.55.0.1/24"),
-		}}},
+		}})},
 		{"inline tables", doc(`
 port = [
   {namespace = "lab-a", addresses = ["10.55.0.1/24"], impair = {egress = "loss=0.5"}},
   {namespace = "lab-b", addresses = ["10.55.0.2/24"], mac = ""},
 ]
-`), &Config{Socket: DefaultSocket, LogLevel: DefaultLogLevel, Ports: []Port{
+`), def(Config{Socket: DefaultSocket, LogLevel: DefaultLogLevel, Ports: []Port{
 			with(port("lab-a", "10.55.0.1/24"), func(p *Port) { p.Impair.Egress.Loss = 0.5 }),
 			port("lab-b", "10.55.0.2/24"),
-		}}},
+		}})},
 		{"dotted and quoted keys", doc(`
 [[port]]
 "namespace" = 'lab-a'
@@ -138,9 +180,9 @@ addresses = [
   "10.55.0.2/32",
 ]
 impair.egress = "duplicate=100%"
-`), &Config{Socket: DefaultSocket, LogLevel: DefaultLogLevel, Ports: []Port{
+`), def(Config{Socket: DefaultSocket, LogLevel: DefaultLogLevel, Ports: []Port{
 			with(port("lab-a", "10.55.0.1/24", "10.55.0.2/32"), func(p *Port) { p.Impair.Egress.Duplicate = 1 }),
-		}}},
+		}})},
 		{"mtu limits", doc(`
 [[port]]
 namespace = "a"
@@ -154,11 +196,11 @@ mtu = 1280
 namespace = "c"
 addresses = ["fd00::1/64"]
 mtu = 9216
-`), &Config{Socket: DefaultSocket, LogLevel: DefaultLogLevel, Ports: []Port{
+`), def(Config{Socket: DefaultSocket, LogLevel: DefaultLogLevel, Ports: []Port{
 			with(port("a", "10.0.0.1/8"), func(p *Port) { p.MTU = 576 }),
 			with(port("b", "fd00::1/64"), func(p *Port) { p.MTU = 1280 }),
 			with(port("c", "fd00::1/64"), func(p *Port) { p.MTU = 9216 }),
-		}}},
+		}})},
 		{"name limits", doc(`
 [[port]]
 namespace = "a"
@@ -168,10 +210,10 @@ addresses = ["10.0.0.1/8"]
 namespace = "a"
 name = "x"
 addresses = ["10.0.0.1/8"]
-`), &Config{Socket: DefaultSocket, LogLevel: DefaultLogLevel, Ports: []Port{
+`), def(Config{Socket: DefaultSocket, LogLevel: DefaultLogLevel, Ports: []Port{
 			with(port("a", "10.0.0.1/8"), func(p *Port) { p.Name = "abcdefghijklmno" }),
 			with(port("a", "10.0.0.1/8"), func(p *Port) { p.Name = "x" }),
-		}}},
+		}})},
 		{"locally administered and vendor MACs", doc(`
 [[port]]
 namespace = "a"
@@ -181,10 +223,40 @@ addresses = ["10.0.0.1/8"]
 namespace = "b"
 mac = "0000.5e00.5301"
 addresses = ["10.0.0.2/8"]
-`), &Config{Socket: DefaultSocket, LogLevel: DefaultLogLevel, Ports: []Port{
+`), def(Config{Socket: DefaultSocket, LogLevel: DefaultLogLevel, Ports: []Port{
 			with(port("a", "10.0.0.1/8"), func(p *Port) { p.MAC = mac("02:ab:cd:ef:00:01") }),
 			with(port("b", "10.0.0.2/8"), func(p *Port) { p.MAC = mac("00:00:5e:00:53:01") }),
-		}}},
+		}})},
+		{"disabled metrics and state", "metrics_address = \"\"\nstate_file = \"\"\n", mod(func(c *Config) { c.MetricsAddress, c.StateFile = "", "" })},
+		{"poll modes", "poll = \"block\"", mod(func(c *Config) { c.Poll = PollBlock })},
+		{"abstract control socket with admin socket", "socket = \"@t\"\nadmin_socket = \"/t/admin.sock\"\n", mod(func(c *Config) { c.Socket, c.AdminSocket = "@t", "/t/admin.sock" })},
+		{"metrics on any address and port", `metrics_address = ":0"`, mod(func(c *Config) { c.MetricsAddress = ":0" })},
+		{"metrics on a host name", `metrics_address = "localhost:9476"`, mod(func(c *Config) { c.MetricsAddress = "localhost:9476" })},
+		{"some limits", "[limits]\nqps = 1\nmr_bytes = \"512 MiB\"\n", mod(func(c *Config) { c.Limits.QPs, c.Limits.MRBytes = 1, 512<<20 })},
+		{"limit sizes", "limits = {mr_bytes = \"3KiB\", ahs = 16777215}", mod(func(c *Config) { c.Limits.MRBytes, c.Limits.AHs = 3<<10, MaxLimit })},
+		{"limit bytes", "limits.mr_bytes = \"16B\"", mod(func(c *Config) { c.Limits.MRBytes = 16 })},
+		{"limit TiB", "limits.mr_bytes = \"1TiB\"", mod(func(c *Config) { c.Limits.MRBytes = 1 << 40 })},
+		{"linger", `linger = "500ms"`, mod(func(c *Config) { c.Linger = 500 * time.Millisecond })},
+		{"default_mtu for ports without mtu", doc(`
+default_mtu = 9000
+[[port]]
+namespace = "a"
+addresses = ["fd00::1/64"]
+[[port]]
+namespace = "b"
+addresses = ["fd00::2/64"]
+mtu = 1500
+`), mod(func(c *Config) {
+			c.DefaultMTU = 9000
+			c.Ports = []Port{
+				with(port("a", "fd00::1/64"), func(p *Port) { p.MTU = 9000 }),
+				port("b", "fd00::2/64"),
+			}
+		})},
+		{"default_mtu after the ports", "[[port]]\nnamespace = \"a\"\naddresses = [\"10.0.0.1/8\"]\n[limits]\nqps = 2\n", mod(func(c *Config) {
+			c.Limits.QPs = 2
+			c.Ports = []Port{port("a", "10.0.0.1/8")}
+		})},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -274,6 +346,66 @@ namespace = "a"
 		{"empty socket", `socket = ""`, []string{"x.toml:1: socket: must not be empty"}},
 		{"long socket", `socket = "/` + strings.Repeat("s", 107) + `"`, []string{"x.toml:1: socket: \x00is 108 bytes long; unix socket paths have at most 107"}},
 
+		// Sockets and addresses.
+		{"empty admin socket", `admin_socket = ""`, []string{"x.toml:1: admin_socket: must not be empty"}},
+		{"long admin socket", `admin_socket = "/` + strings.Repeat("a", 107) + `"`, []string{"x.toml:1: admin_socket: \x00is 108 bytes long"}},
+		{"abstract admin socket", `admin_socket = "@taproce-admin"`, []string{`x.toml:1: admin_socket: "@taproce-admin" is an abstract socket; the admin socket must be a file`}},
+		{"admin socket is the control socket", "socket = \"/run/t.sock\"\n\nadmin_socket = \"/run/t.sock\"\n", []string{
+			`x.toml:3: admin_socket: "/run/t.sock" is the control socket too; give them different paths`,
+		}},
+		{"admin socket type", `admin_socket = ["/a"]`, []string{"x.toml:1: admin_socket: want a string, not an array"}},
+		{"metrics address without port", `metrics_address = "127.0.0.1"`, []string{`x.toml:1: metrics_address: "127.0.0.1" is not host:port, such as 127.0.0.1:9476 or [::1]:9476`}},
+		{"metrics address unbracketed IPv6", `metrics_address = "::1:9476"`, []string{`x.toml:1: metrics_address: "::1:9476" is not host:port`}},
+		{"metrics port name", `metrics_address = "localhost:http"`, []string{`x.toml:1: metrics_address: "localhost:http": port "http" is not a number within 0..65535`}},
+		{"metrics port too big", `metrics_address = ":65536"`, []string{`x.toml:1: metrics_address: ":65536": port "65536" is not a number within 0..65535`}},
+		{"metrics multicast", `metrics_address = "224.0.0.1:9476"`, []string{`x.toml:1: metrics_address: "224.0.0.1:9476": 224.0.0.1 is not an address to listen on`}},
+		{"metrics address type", `metrics_address = 9476`, []string{"x.toml:1: metrics_address: want a string, not an integer"}},
+		{"relative state file", `state_file = "run/state.json"`, []string{`x.toml:1: state_file: "run/state.json" is not an absolute path`}},
+		{"unclean state file", `state_file = "/run//state.json"`, []string{`x.toml:1: state_file: "/run//state.json" is not a clean path (want "/run/state.json")`}},
+		{"root state file", `state_file = "/"`, []string{`x.toml:1: state_file: "/" is a directory`}},
+
+		// Switch, polling, linger, MTU.
+		{"local switch type", `local_switch = "yes"`, []string{"x.toml:1: local_switch: want true or false, not a string"}},
+		{"poll mode", `poll = "busy"`, []string{`x.toml:1: poll: "busy" is not one of adaptive, block, spin`}},
+		{"empty poll mode", `poll = ""`, []string{`x.toml:1: poll: "" is not one of adaptive, block, spin`}},
+		{"poll type", `poll = 1`, []string{"x.toml:1: poll: want a string, not an integer"}},
+		{"linger not a duration", `linger = "30"`, []string{`x.toml:1: linger: "30" is not a duration such as "30s" or "500ms"`}},
+		{"linger integer", `linger = 30`, []string{"x.toml:1: linger: want a string, not an integer"}},
+		{"linger zero", `linger = "0s"`, []string{"x.toml:1: linger: 0s is not a positive duration"}},
+		{"linger negative", `linger = "-1s"`, []string{"x.toml:1: linger: -1s is not a positive duration"}},
+		{"default mtu too small", `default_mtu = 500`, []string{"x.toml:1: default_mtu: 500 is outside 576..9216"}},
+		{"default mtu type", `default_mtu = "jumbo"`, []string{"x.toml:1: default_mtu: want an integer, not a string"}},
+		{"invalid default mtu is reported once", "default_mtu = 100000\n" + good, []string{"x.toml:1: default_mtu: 100000 is outside 576..9216"}},
+		{"default mtu below a port's IPv6 minimum", "default_mtu = 1000\n\n[[port]]\nnamespace = \"a\"\naddresses = [\"fd00::1/64\"]\n", []string{
+			"x.toml:3: port[0].mtu: 1000 is below 1280, the IPv6 minimum, and the port has IPv6 address fd00::1/64 (the port has no mtu of its own: this is default_mtu, line 1)",
+		}},
+
+		// Limits.
+		{"limits is not a table", `limits = 5`, []string{"x.toml:1: limits: want a table ([limits]), not an integer"}},
+		{"limits array of tables", "[[limits]]\nqps = 1\n", []string{"x.toml:1: limits: want a table ([limits]), not an array of tables"}},
+		{"unknown limit", "[limits]\nqp = 5\nmemory = 1\n", []string{
+			`x.toml:2: limits.qp: unknown key (did you mean "qps"?)`,
+			"x.toml:3: limits.memory: unknown key",
+		}},
+		{"zero and negative limits", "[limits]\nqps = 0\ncqs = -1\nsrqs = 16777216\nmrs = 0\npds = 0\nahs = 0\nmr_bytes = 0\n", []string{
+			"x.toml:2: limits.qps: 0 is outside 1..16777215",
+			"x.toml:3: limits.cqs: -1 is outside 1..16777215",
+			"x.toml:4: limits.srqs: 16777216 is outside 1..16777215",
+			"x.toml:5: limits.mrs: 0 is outside 1..16777215",
+			"x.toml:6: limits.pds: 0 is outside 1..16777215",
+			"x.toml:7: limits.ahs: 0 is outside 1..16777215",
+			"x.toml:8: limits.mr_bytes: 0 is not a positive number of bytes",
+		}},
+		{"limit type", "[limits]\nqps = \"many\"\n", []string{"x.toml:2: limits.qps: want an integer, not a string"}},
+		{"limit float", "[limits]\nqps = 1.5\n", []string{"x.toml:2: limits.qps: want an integer, not a float"}},
+		{"mr_bytes unit", "[limits]\nmr_bytes = \"16GB\"\n", []string{`x.toml:2: limits.mr_bytes: "16GB" is not a size such as "16GiB" or "512MiB" (units B, KiB, MiB, GiB, TiB)`}},
+		{"mr_bytes fraction", "[limits]\nmr_bytes = \"1.5GiB\"\n", []string{`x.toml:2: limits.mr_bytes: "1.5GiB" is not a size`}},
+		{"mr_bytes negative size", "[limits]\nmr_bytes = \"-1KiB\"\n", []string{`x.toml:2: limits.mr_bytes: "-1KiB" is not a size`}},
+		{"mr_bytes unit only", "[limits]\nmr_bytes = \"GiB\"\n", []string{`x.toml:2: limits.mr_bytes: "GiB" is not a size`}},
+		{"mr_bytes overflow", "[limits]\nmr_bytes = \"9000000TiB\"\n", []string{`x.toml:2: limits.mr_bytes: "9000000TiB" is more than 9223372036854775807 bytes`}},
+		{"mr_bytes negative", "[limits]\nmr_bytes = -5\n", []string{"x.toml:2: limits.mr_bytes: -5 is not a positive number of bytes"}},
+		{"mr_bytes type", "[limits]\nmr_bytes = true\n", []string{`x.toml:2: limits.mr_bytes: want an integer or a size such as "16GiB", not a boolean`}},
+
 		// Namespace.
 		{"missing namespace", "[[port]]\naddresses = [\"10.0.0.1/8\"]\n", []string{
 			"x.toml:1: port[0].namespace: missing; want a name under /var/run/netns or an absolute path",
@@ -300,7 +432,7 @@ namespace = "a"
 		{"non-ASCII name", good + "name = \"röce\"\n", []string{`x.toml:4: port[0].name: "röce" contains byte 0xc3; interface names here are printable ASCII without spaces`}},
 
 		// Mode.
-		{"redirect mode", good + "mode = \"redirect\"\n", []string{`x.toml:4: port[0].mode: "redirect" is not supported yet; use "bridge"`}},
+		{"redirect mode", good + "mode = \"redirect\"\n", []string{`x.toml:4: port[0].mode: "redirect" ports are for pods, attached by the CNI plugin through the admin API; a [[port]] takes "bridge"`}},
 		{"unknown mode", good + "mode = \"macvtap\"\n", []string{`x.toml:4: port[0].mode: unknown mode "macvtap"; want "bridge"`}},
 
 		// MAC.
@@ -401,7 +533,7 @@ speed = 100
 			"x.toml:7: port[0].mac: 01:02:03:04:05:06 is a multicast address",
 			"x.toml:8: port[0].addresses[1]: 10.0.0.1/16 repeats address 10.0.0.1 of addresses[0]",
 			"x.toml:9: port[0].mtu: 1000 is below 1280, the IPv6 minimum, and the port has IPv6 address fd00::1/64",
-			`x.toml:10: port[0].mode: "redirect" is not supported yet`,
+			`x.toml:10: port[0].mode: "redirect" ports are for pods`,
 			"x.toml:12: port[0].impair.egress: invalid impairment spec: loss: 200% is outside 0%..100%",
 			"x.toml:15: port[1].namespace: want a string, not an integer",
 			"x.toml:17: port[1].addresses: want an array of CIDR prefixes, not a string",
@@ -504,21 +636,18 @@ func TestExampleFile(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Load(taproce.toml): %v", err)
 	}
-	want := &Config{
-		Socket:   "/run/taproce/taproce.sock",
-		LogLevel: "info",
-		Ports: []Port{
-			{
-				Namespace: "lab-a",
-				Name:      "roce0",
-				Mode:      "bridge",
-				MAC:       mac("02:00:00:00:00:01"),
-				Addresses: pfx("10.55.0.1/24", "fd55::1/64"),
-				MTU:       1500,
-				Impair:    Impair{Egress: impair.Spec{Loss: 0.01, Seed: 7}},
-			},
-			port("lab-b", "10.55.0.2/24"),
+	want := Default()
+	want.Ports = []Port{
+		{
+			Namespace: "lab-a",
+			Name:      "roce0",
+			Mode:      "bridge",
+			MAC:       mac("02:00:00:00:00:01"),
+			Addresses: pfx("10.55.0.1/24", "fd55::1/64"),
+			MTU:       1500,
+			Impair:    Impair{Egress: impair.Spec{Loss: 0.01, Seed: 7}},
 		},
+		port("lab-b", "10.55.0.2/24"),
 	}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("taproce.toml =\n%#v\nwant\n%#v", cfg, want)
@@ -529,9 +658,10 @@ func TestExampleFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, keys := range [][]string{topKeys, portKeys, impairKeys} {
+	for _, keys := range [][]string{topKeys, limitsKeys, portKeys, impairKeys} {
 		for _, k := range keys {
-			if !strings.Contains(string(data), "\n"+k+" = ") && !strings.Contains(string(data), "[port."+k+"]") && !strings.Contains(string(data), "[["+k+"]]") {
+			if !strings.Contains(string(data), "\n"+k+" = ") && !strings.Contains(string(data), "[port."+k+"]") &&
+				!strings.Contains(string(data), "[["+k+"]]") && !strings.Contains(string(data), "\n["+k+"]") {
 				t.Errorf("taproce.toml does not show key %q", k)
 			}
 		}
@@ -579,8 +709,26 @@ func TestValidate(t *testing.T) {
 		{"no ports", func(c *Config) { c.Ports = nil }, nil},
 		{"zero config", func(c *Config) { *c = Config{} }, []string{
 			"socket: must not be empty",
+			"admin_socket: must not be empty",
 			`log_level: "" is not one of debug, info, warn, error`,
+			`poll: "" is not one of adaptive, block, spin`,
+			"limits.qps: 0 is outside 1..16777215",
+			"limits.cqs: 0 is outside 1..16777215",
+			"limits.srqs: 0 is outside 1..16777215",
+			"limits.mrs: 0 is outside 1..16777215",
+			"limits.pds: 0 is outside 1..16777215",
+			"limits.ahs: 0 is outside 1..16777215",
+			"limits.mr_bytes: 0 is not a positive number of bytes",
+			"linger: 0s is not a positive duration",
+			"default_mtu: 0 is outside 576..9216",
 		}},
+		{"zero config with defaults", func(c *Config) { *c = Config{}; c.ApplyDefaults() }, nil},
+		{"admin socket is the control socket", func(c *Config) { c.AdminSocket = c.Socket }, []string{
+			`admin_socket: "/run/taproce/taproce.sock" is the control socket too`,
+		}},
+		{"state file with NUL", func(c *Config) { c.StateFile = "/a\x00" }, []string{`state_file: "/a\x00" contains a NUL byte`}},
+		{"admin socket with NUL", func(c *Config) { c.AdminSocket = "/a\x00" }, []string{`admin_socket: "/a\x00" contains a NUL byte`}},
+		{"unknown poll mode", func(c *Config) { c.Poll = "Spin" }, []string{`poll: "Spin" is not one of adaptive, block, spin`}},
 		{"zero port", func(c *Config) { c.Ports = []Port{{}} }, []string{
 			"port[0].namespace: missing",
 			"port[0].name: must not be empty",
@@ -645,12 +793,69 @@ func TestValidate(t *testing.T) {
 func TestApplyDefaults(t *testing.T) {
 	c := &Config{Ports: []Port{{Namespace: "a"}, {Namespace: "b", Name: "x", Mode: "redirect", MTU: 9000}}}
 	c.ApplyDefaults()
-	want := &Config{Socket: DefaultSocket, LogLevel: DefaultLogLevel, Ports: []Port{
-		{Namespace: "a", Name: DefaultPortName, Mode: ModeBridge, MTU: DefaultMTU},
-		{Namespace: "b", Name: "x", Mode: "redirect", MTU: 9000},
-	}}
+	want := &Config{Socket: DefaultSocket, AdminSocket: DefaultAdminSocket, LogLevel: DefaultLogLevel, Poll: DefaultPoll,
+		Limits: DefaultLimits(), Linger: DefaultLinger, DefaultMTU: DefaultMTU, Ports: []Port{
+			{Namespace: "a", Name: DefaultPortName, Mode: ModeBridge, MTU: DefaultMTU},
+			{Namespace: "b", Name: "x", Mode: "redirect", MTU: 9000},
+		}}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("ApplyDefaults gave %+v, want %+v", c, want)
+	}
+
+	// Ports take the configuration's default MTU; set values stay.
+	c = &Config{DefaultMTU: 9000, Limits: Limits{QPs: 7}, Linger: time.Second, Ports: []Port{{Namespace: "a"}}}
+	c.ApplyDefaults()
+	if c.Ports[0].MTU != 9000 || c.Limits.QPs != 7 || c.Limits.CQs != DefaultCQs || c.Linger != time.Second {
+		t.Errorf("ApplyDefaults gave %+v", c)
+	}
+
+	// What an empty file gives, ApplyDefaults gives too, but for the
+	// settings whose zero value means something.
+	c = &Config{}
+	c.ApplyDefaults()
+	c.MetricsAddress, c.StateFile, c.LocalSwitch = DefaultMetricsAddress, DefaultStateFile, true
+	if !reflect.DeepEqual(c, Default()) {
+		t.Errorf("ApplyDefaults of a zero Config gave %+v, want %+v", c, Default())
+	}
+}
+
+func TestControlSettings(t *testing.T) {
+	for _, tt := range []struct {
+		poll string
+		want control.PollMode
+	}{{PollAdaptive, control.PollAdaptive}, {PollBlock, control.PollBlock}, {PollSpin, control.PollSpin}} {
+		c := Default()
+		c.Poll = tt.poll
+		if got, err := c.PollMode(); err != nil || got != tt.want {
+			t.Errorf("PollMode of %q = %v, %v; want %v", tt.poll, got, err, tt.want)
+		}
+	}
+	c := Default()
+	c.Poll = "busy"
+	if _, err := c.PollMode(); err == nil {
+		t.Error("PollMode of \"busy\" succeeded")
+	}
+	l := Limits{QPs: 1, CQs: 2, SRQs: 3, MRs: 4, PDs: 5, AHs: 6, MRBytes: 7}
+	if got, want := l.Control(), (control.Limits{QPs: 1, CQs: 2, SRQs: 3, MRs: 4, PDs: 5, AHs: 6, MRBytes: 7}); got != want {
+		t.Errorf("Control() = %+v, want %+v", got, want)
+	}
+}
+
+func TestParseBytes(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want int64
+		ok   bool
+	}{
+		{"0", 0, true}, {"4096", 4096, true}, {"16GiB", 16 << 30, true}, {" 2 MiB ", 2 << 20, true},
+		{"1KiB", 1024, true}, {"5B", 5, true}, {"8388607TiB", 8388607 << 40, true},
+		{"", 0, false}, {"MiB", 0, false}, {"+1", 0, false}, {"-1", 0, false}, {"1 KB", 0, false},
+		{"1e3", 0, false}, {"0x10", 0, false}, {"8388608TiB", 0, false}, {"1gib", 0, false},
+	} {
+		got, err := ParseBytes(tt.in)
+		if (err == nil) != tt.ok || got != tt.want {
+			t.Errorf("ParseBytes(%q) = %d, %v; want %d, ok %v", tt.in, got, err, tt.want, tt.ok)
+		}
 	}
 }
 

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"net"
 	"net/netip"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,7 +21,9 @@ import (
 
 // The keys each table knows, for unknown-key messages.
 var (
-	topKeys    = []string{"socket", "log_level", "port"}
+	topKeys = []string{"socket", "admin_socket", "metrics_address", "state_file", "log_level", "local_switch", "poll",
+		"linger", "default_mtu", "limits", "port"}
+	limitsKeys = []string{"qps", "cqs", "srqs", "mrs", "pds", "ahs", "mr_bytes"}
 	portKeys   = []string{"namespace", "name", "mode", "mac", "addresses", "mtu", "impair"}
 	impairKeys = []string{"ingress", "egress"}
 )
@@ -56,13 +60,21 @@ func Parse(data []byte, filename string) (*Config, error) {
 	// are given), stops at the first value of the wrong type, and its
 	// Undecoded keys do not say which [[port]] table they are in.
 	ix := indexLines(src)
-	d := &decoder{line: ix.line, bad: map[string]bool{}}
+	d := &decoder{line: ix.line, bad: map[string]bool{}, inherited: map[string]bool{}}
 	cfg := d.config(raw)
 	errs := d.errs
 	for _, e := range cfg.validate(ix.line) {
-		if !d.isBad(e.Key) {
-			errs = append(errs, e)
+		if d.isBad(e.Key) {
+			continue
 		}
+		if d.inherited[e.Key] {
+			e.Msg += " (the port has no mtu of its own: this is default_mtu"
+			if l := ix.line("default_mtu"); l > 0 && e.Line != l {
+				e.Msg += fmt.Sprintf(", line %d", l)
+			}
+			e.Msg += ")"
+		}
+		errs = append(errs, e)
 	}
 	if len(errs) == 0 {
 		return cfg, nil
@@ -96,6 +108,8 @@ type decoder struct {
 	// not report the same key again (a namespace of the wrong type is not
 	// also "missing").
 	bad map[string]bool
+	// inherited holds the keys of port MTUs taken from default_mtu.
+	inherited map[string]bool
 }
 
 func (d *decoder) fail(key, msg string, err error) {
@@ -132,25 +146,170 @@ func (d *decoder) str(key string, v any, dst *string) bool {
 	return true
 }
 
+// boolean stores v into *dst if it is a boolean.
+func (d *decoder) boolean(key string, v any, dst *bool) {
+	b, ok := v.(bool)
+	if !ok {
+		d.fail(key, "want true or false, not "+typeName(v), nil)
+		return
+	}
+	*dst = b
+}
+
+// integer stores v into *dst if it is an integer that fits, naming the
+// range lo..hi when it does not.
+func (d *decoder) integer(key string, v any, dst *int, lo, hi int) {
+	n, ok := v.(int64)
+	switch {
+	case !ok:
+		d.fail(key, "want an integer, not "+typeName(v), nil)
+	case int64(int(n)) != n:
+		d.fail(key, fmt.Sprintf("%d is outside %d..%d", n, lo, hi), nil)
+	default:
+		*dst = int(n)
+	}
+}
+
+// duration stores v into *dst if it is a Go duration string.
+func (d *decoder) duration(key string, v any, dst *time.Duration) {
+	var s string
+	if !d.str(key, v, &s) {
+		return
+	}
+	dur, err := time.ParseDuration(s)
+	if err != nil {
+		d.fail(key, fmt.Sprintf("%q is not a duration such as \"30s\" or \"500ms\"", s), err)
+		return
+	}
+	*dst = dur
+}
+
 func (d *decoder) config(raw map[string]any) *Config {
 	c := Default()
+	var ports []Port
+	var explicitMTU []bool
 	for _, k := range slices.Sorted(maps.Keys(raw)) {
 		v := raw[k]
 		switch k {
 		case "socket":
 			d.str(k, v, &c.Socket)
+		case "admin_socket":
+			d.str(k, v, &c.AdminSocket)
+		case "metrics_address":
+			d.str(k, v, &c.MetricsAddress)
+		case "state_file":
+			d.str(k, v, &c.StateFile)
 		case "log_level":
 			d.str(k, v, &c.LogLevel)
+		case "local_switch":
+			d.boolean(k, v, &c.LocalSwitch)
+		case "poll":
+			d.str(k, v, &c.Poll)
+		case "linger":
+			d.duration(k, v, &c.Linger)
+		case "default_mtu":
+			d.integer(k, v, &c.DefaultMTU, MinMTU, MaxMTU)
+		case "limits":
+			c.Limits = d.limits(k, v)
 		case "port":
-			c.Ports = d.ports(k, v)
+			ports, explicitMTU = d.ports(k, v)
 		default:
 			d.unknown("", k, topKeys)
 		}
 	}
+	// Ports without an mtu take default_mtu; an invalid default_mtu is
+	// reported once, on its own line, and they keep DefaultMTU.
+	inherit := c.DefaultMTU >= MinMTU && c.DefaultMTU <= MaxMTU
+	for i := range ports {
+		if !explicitMTU[i] && inherit {
+			ports[i].MTU = c.DefaultMTU
+			d.inherited[childKey(indexKey("port", i), "mtu")] = true
+		}
+	}
+	c.Ports = ports
 	return c
 }
 
-func (d *decoder) ports(key string, v any) []Port {
+func (d *decoder) limits(key string, v any) Limits {
+	l := DefaultLimits()
+	m, ok := v.(map[string]any)
+	if !ok {
+		d.fail(key, "want a table ([limits]), not "+typeName(v), nil)
+		return l
+	}
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		v, kk := m[k], childKey(key, k)
+		switch k {
+		case "qps":
+			d.integer(kk, v, &l.QPs, 1, MaxLimit)
+		case "cqs":
+			d.integer(kk, v, &l.CQs, 1, MaxLimit)
+		case "srqs":
+			d.integer(kk, v, &l.SRQs, 1, MaxLimit)
+		case "mrs":
+			d.integer(kk, v, &l.MRs, 1, MaxLimit)
+		case "pds":
+			d.integer(kk, v, &l.PDs, 1, MaxLimit)
+		case "ahs":
+			d.integer(kk, v, &l.AHs, 1, MaxLimit)
+		case "mr_bytes":
+			d.bytes(kk, v, &l.MRBytes)
+		default:
+			d.unknown(key, k, limitsKeys)
+		}
+	}
+	return l
+}
+
+// byteUnits are the suffixes a size string may have.
+var byteUnits = []struct {
+	suffix string
+	shift  uint
+}{{"KiB", 10}, {"MiB", 20}, {"GiB", 30}, {"TiB", 40}, {"B", 0}}
+
+// bytes stores v into *dst if it is an integer or a string such as
+// "16GiB": a whole number and one of the binary units KiB, MiB, GiB, TiB,
+// or B.
+func (d *decoder) bytes(key string, v any, dst *int64) {
+	switch v := v.(type) {
+	case int64:
+		*dst = v
+		return
+	case string:
+		n, err := ParseBytes(v)
+		if err != nil {
+			d.fail(key, err.Error(), err)
+			return
+		}
+		*dst = n
+		return
+	}
+	d.fail(key, "want an integer or a size such as \"16GiB\", not "+typeName(v), nil)
+}
+
+// ParseBytes reads a size: a whole number of bytes, optionally followed by
+// one of the binary units B, KiB, MiB, GiB and TiB ("16GiB", "512 MiB").
+func ParseBytes(s string) (int64, error) {
+	num, shift := strings.TrimSpace(s), uint(0)
+	for _, u := range byteUnits {
+		if rest, ok := strings.CutSuffix(num, u.suffix); ok {
+			num, shift = strings.TrimSpace(rest), u.shift
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 0 || num == "" || num[0] == '+' {
+		return 0, fmt.Errorf("%q is not a size such as \"16GiB\" or \"512MiB\" (units B, KiB, MiB, GiB, TiB)", s)
+	}
+	if n > math.MaxInt64>>shift {
+		return 0, fmt.Errorf("%q is more than %d bytes", s, int64(math.MaxInt64))
+	}
+	return n << shift, nil
+}
+
+// ports decodes the [[port]] tables, and reports for each whether it has
+// an mtu key.
+func (d *decoder) ports(key string, v any) ([]Port, []bool) {
 	var tables []map[string]any
 	switch v := v.(type) {
 	case []map[string]any: // [[port]] tables
@@ -160,22 +319,24 @@ func (d *decoder) ports(key string, v any) []Port {
 			m, ok := e.(map[string]any)
 			if !ok {
 				d.fail(key, "want an array of tables ([[port]]), not an array holding "+typeName(e), nil)
-				return nil
+				return nil, nil
 			}
 			tables = append(tables, m)
 		}
 	case map[string]any:
 		d.fail(key, "want an array of tables ([[port]]), not a table ([port])", nil)
-		return nil
+		return nil, nil
 	default:
 		d.fail(key, "want an array of tables ([[port]]), not "+typeName(v), nil)
-		return nil
+		return nil, nil
 	}
 	ports := make([]Port, len(tables))
+	mtu := make([]bool, len(tables))
 	for i, m := range tables {
 		ports[i] = d.port(indexKey(key, i), m)
+		_, mtu[i] = m["mtu"]
 	}
-	return ports
+	return ports, mtu
 }
 
 func (d *decoder) port(key string, m map[string]any) Port {
@@ -203,15 +364,7 @@ func (d *decoder) port(key string, m map[string]any) Port {
 		case "addresses":
 			p.Addresses = d.addresses(kk, v)
 		case "mtu":
-			n, ok := v.(int64)
-			switch {
-			case !ok:
-				d.fail(kk, "want an integer, not "+typeName(v), nil)
-			case int64(int(n)) != n:
-				d.fail(kk, fmt.Sprintf("%d is outside %d..%d", n, MinMTU, MaxMTU), nil)
-			default:
-				p.MTU = int(n)
-			}
+			d.integer(kk, v, &p.MTU, MinMTU, MaxMTU)
 		case "impair":
 			p.Impair = d.impair(kk, v)
 		default:

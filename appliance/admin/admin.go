@@ -273,6 +273,9 @@ type Attachment struct {
 	// ::ffff:a.b.c.d.
 	GIDs  []netip.Addr `json:"gids"`
 	State State        `json:"state"`
+	// Device is the verbs device that serves the port (taproce3), which
+	// the pod's applications open; empty when the port is not one.
+	Device string `json:"device,omitempty"`
 }
 
 // AttachmentID returns the ID of the attachment of containerID's interface

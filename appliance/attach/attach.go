@@ -4,6 +4,13 @@
 // pod's IPs as its GIDs, a silent station that resolves next hops through
 // the namespace's routes and neighbours, and the tc redirect that moves
 // RoCEv2 between the pod interface and the TAP (package redirect).
+//
+// Options.Open decides what serves an attached port: a bare port by
+// default, a verbs device of the appliance in the daemon. With a state
+// file the manager records every attachment, and Recover, in the next run,
+// attaches again the pods that are still there and cleans up after those
+// that are gone, so that no pod keeps filters that redirect its RoCEv2
+// traffic to a TAP device that died with an earlier appliance.
 package attach
 
 import (
@@ -27,16 +34,54 @@ type Options struct {
 	// Logger for attachments and their ports (default slog.Default()).
 	Logger *slog.Logger
 	// Handler receives the RoCEv2 packets of every attached port, on
-	// that port's reader goroutine, with the attachment's ID.
+	// that port's reader goroutine, with the attachment's ID. The default
+	// Open uses it; an Open of the caller's may ignore it.
 	Handler func(id string, frame []byte, p *roce.Packet)
 	// Offload opens the TAP devices with UDP GSO super-frames.
 	Offload bool
+	// Open opens the port of an attachment: the TAP device in the pod's
+	// namespace described by cfg, and whatever serves it. The default
+	// opens a bare port with appliance.OpenPort; the appliance daemon
+	// passes one that makes the port a verbs device (Appliance.AddPort),
+	// whose Close withdraws the device.
+	Open func(cfg appliance.PortConfig) (Port, error)
+	// StateFile, when set, is where the manager records its attachments
+	// (JSON, rewritten on every attach and detach), so that Recover in a
+	// later run finds what this one left behind.
+	StateFile string
+}
+
+// Port is an attached port as Options.Open returns it.
+type Port interface {
+	// Port returns the appliance port: its TAP device and station.
+	Port() *appliance.Port
+	// Device returns the name of the verbs device serving the port, or ""
+	// when it is not one.
+	Device() string
+	// Close closes the port and removes its TAP device.
+	Close() error
+}
+
+// barePort is the Port of the default Open: a port and nothing else.
+type barePort struct{ p *appliance.Port }
+
+func (b barePort) Port() *appliance.Port { return b.p }
+func (b barePort) Device() string        { return "" }
+func (b barePort) Close() error          { return b.p.Close() }
+
+// openBare is the default Options.Open.
+func openBare(cfg appliance.PortConfig) (Port, error) {
+	p, err := appliance.OpenPort(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return barePort{p}, nil
 }
 
 // entry is one attachment and what it holds.
 type entry struct {
 	att  admin.Attachment
-	port *appliance.Port
+	port Port
 	res  *redirect.Resolver
 	cfg  redirect.Config
 }
@@ -48,7 +93,10 @@ type Manager struct {
 	opts Options
 	log  *slog.Logger
 
-	op sync.Mutex // serialises Attach, Detach and Close
+	op sync.Mutex // serialises Attach, Detach, Recover and Close
+	// records are the attachments as the state file lists them, by ID;
+	// under op.
+	records map[string]admin.AttachRequest
 
 	mu      sync.Mutex
 	entries map[string]*entry
@@ -61,7 +109,10 @@ func New(opts Options) *Manager {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	return &Manager{opts: opts, log: opts.Logger, entries: map[string]*entry{}}
+	if opts.Open == nil {
+		opts.Open = openBare
+	}
+	return &Manager{opts: opts, log: opts.Logger, entries: map[string]*entry{}, records: map[string]admin.AttachRequest{}}
 }
 
 func (m *Manager) get(id string) *entry {
@@ -73,7 +124,7 @@ func (m *Manager) get(id string) *entry {
 // Port returns the port of attachment id, nil when there is none.
 func (m *Manager) Port(id string) *appliance.Port {
 	if e := m.get(id); e != nil {
-		return e.port
+		return e.port.Port()
 	}
 	return nil
 }
@@ -82,6 +133,10 @@ func (m *Manager) Port(id string) *appliance.Port {
 // namespace and installs the redirect. Asked again for an attachment it
 // has, with the same namespace and port name, it reinstalls the redirect
 // (repairing it if someone removed a filter) and returns the attachment.
+//
+// With a state file, the attachment is recorded there before Attach
+// returns; when the file cannot be written, the attachment is undone and
+// Attach fails, so that every attachment is one a later run can find.
 func (m *Manager) Attach(ctx context.Context, req admin.AttachRequest) (admin.Attachment, error) {
 	if err := req.Normalize(); err != nil {
 		return admin.Attachment{}, err
@@ -91,6 +146,11 @@ func (m *Manager) Attach(ctx context.Context, req admin.AttachRequest) (admin.At
 	if err := ctx.Err(); err != nil {
 		return admin.Attachment{}, err
 	}
+	return m.attachLocked(req)
+}
+
+// attachLocked is Attach with m.op held.
+func (m *Manager) attachLocked(req admin.AttachRequest) (admin.Attachment, error) {
 	id := req.ID()
 	if e := m.get(id); e != nil {
 		if e.att.Netns != req.Netns || e.att.PortName != req.PortName {
@@ -116,7 +176,7 @@ func (m *Manager) Attach(ctx context.Context, req admin.AttachRequest) (admin.At
 	if h := m.opts.Handler; h != nil {
 		handler = func(frame []byte, p *roce.Packet) { h(id, frame, p) }
 	}
-	e.port, err = appliance.OpenPort(appliance.PortConfig{
+	e.port, err = m.opts.Open(appliance.PortConfig{
 		Namespace: id,
 		Netns:     req.Netns,
 		Name:      req.PortName,
@@ -139,10 +199,21 @@ func (m *Manager) Attach(ctx context.Context, req admin.AttachRequest) (admin.At
 	e.att = admin.Attachment{
 		ID: id, ContainerID: req.ContainerID, IfName: req.IfName, Network: req.Network,
 		Netns: req.Netns, PortName: req.PortName, Mode: admin.ModeRedirect,
-		MAC: pod.MAC.String(), State: admin.StateActive,
+		MAC: pod.MAC.String(), State: admin.StateActive, Device: e.port.Device(),
 	}
-	for _, g := range e.port.Station().GIDs() {
+	for _, g := range e.port.Port().Station().GIDs() {
 		e.att.GIDs = append(e.att.GIDs, netip.AddrFrom16(g))
+	}
+	old, had := m.records[id]
+	m.records[id] = req
+	if err := m.saveLocked(); err != nil {
+		if had {
+			m.records[id] = old
+		} else {
+			delete(m.records, id)
+		}
+		err = errors.Join(err, e.close())
+		return admin.Attachment{}, fmt.Errorf("attachment %s undone: %w", id, err)
 	}
 	m.mu.Lock()
 	m.entries[id] = e
@@ -163,7 +234,9 @@ func (e *entry) close() error {
 // Detach implements admin.Backend. For an attachment it does not know
 // but whose namespace the request names, it still removes the redirect's
 // filters there: leftovers of an earlier run of the appliance, whose TAP
-// went with it.
+// went with it. The attachment leaves the state file too; an error
+// writing it is returned after the detach is done, and a repeated detach
+// writes the file again.
 func (m *Manager) Detach(ctx context.Context, req admin.DetachRequest) error {
 	if err := req.Normalize(); err != nil {
 		return err
@@ -171,17 +244,20 @@ func (m *Manager) Detach(ctx context.Context, req admin.DetachRequest) error {
 	m.op.Lock()
 	defer m.op.Unlock()
 	id := req.ID()
-	e := m.get(id)
-	if e == nil {
-		if req.Netns == "" {
-			return nil
-		}
-		return backendErr(redirect.Remove(redirect.Config{Netns: req.Netns, Pod: req.IfName, TAP: req.PortName}))
+	var err error
+	if e := m.get(id); e != nil {
+		m.mu.Lock()
+		delete(m.entries, id)
+		m.mu.Unlock()
+		err = backendErr(e.close())
+	} else if req.Netns != "" {
+		err = backendErr(redirect.Remove(redirect.Config{Netns: req.Netns, Pod: req.IfName, TAP: req.PortName}))
 	}
-	m.mu.Lock()
-	delete(m.entries, id)
-	m.mu.Unlock()
-	return backendErr(e.close())
+	if _, ok := m.records[id]; ok && err == nil {
+		delete(m.records, id)
+		err = m.saveLocked()
+	}
+	return err
 }
 
 // Check implements admin.Backend: the namespace, the pod interface with
@@ -220,8 +296,11 @@ func (m *Manager) List(context.Context) ([]admin.Attachment, error) {
 	return out, nil
 }
 
-// Close detaches everything: the pods keep their own networking, and no
-// filter is left pointing at a TAP that goes away with the appliance.
+// Close takes every attachment down: the pods keep their own networking,
+// and no filter is left pointing at a TAP that goes away with the
+// appliance. The state file keeps listing them, so that the appliance's
+// next run (Recover) attaches them again: an appliance restarted, as a
+// DaemonSet's pod is on an upgrade, gives the pods their ports back.
 func (m *Manager) Close() error {
 	m.op.Lock()
 	defer m.op.Unlock()

@@ -1,0 +1,200 @@
+// Package metrics exports an appliance's counters in the Prometheus
+// format. The Collector reads them when scraped — the ports' frame and
+// byte counters, their stations' drops by reason, their impairments,
+// their transports' packets, retransmissions, timeouts, NAKs and
+// duplicates, and the control server's clients and objects — so nothing
+// runs between scrapes and a port that goes away takes its series with it.
+//
+// Every per-port series has two labels: device, the verbs device name
+// (taproce0), and port, the port's namespace (or attachment ID) and TAP
+// name (lab-a/roce0, 0123abcd/eth0/roce0).
+package metrics
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/taproce/taproce/appliance"
+	"github.com/taproce/taproce/appliance/impair"
+	"github.com/taproce/taproce/appliance/station"
+)
+
+// Namespace prefixes every metric name.
+const Namespace = "taproce"
+
+// Options add to what a Collector reports.
+type Options struct {
+	// Attachments, when set, returns the number of ports attached to
+	// pods, reported as taproce_attachments.
+	Attachments func() int
+}
+
+// Collector is a prometheus.Collector of one appliance.
+type Collector struct {
+	app  *appliance.Appliance
+	opts Options
+}
+
+var _ prometheus.Collector = (*Collector)(nil)
+
+// NewCollector returns the collector of app.
+func NewCollector(app *appliance.Appliance, opts Options) *Collector {
+	return &Collector{app: app, opts: opts}
+}
+
+// portLabels label every per-port series.
+var portLabels = []string{"device", "port"}
+
+func portDesc(name, help string, extra ...string) *prometheus.Desc {
+	return prometheus.NewDesc(prometheus.BuildFQName(Namespace, "port", name), help, append(append([]string(nil), portLabels...), extra...), nil)
+}
+
+func transportDesc(name, help string, extra ...string) *prometheus.Desc {
+	return prometheus.NewDesc(prometheus.BuildFQName(Namespace, "transport", name), help, append(append([]string(nil), portLabels...), extra...), nil)
+}
+
+func globalDesc(name, help string) *prometheus.Desc {
+	return prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", name), help, nil, nil)
+}
+
+// The metrics.
+var (
+	descRxFrames  = portDesc("rx_frames_total", "Frames the port read from its TAP device.")
+	descRxBytes   = portDesc("rx_bytes_total", "Bytes of the frames the port read from its TAP device.")
+	descTxFrames  = portDesc("tx_frames_total", "Frames the port wrote to its TAP device.")
+	descTxBytes   = portDesc("tx_bytes_total", "Bytes of the frames the port wrote to its TAP device.")
+	descTxErrors  = portDesc("tx_errors_total", "Writes to the TAP device that failed.")
+	descDelivered = portDesc("delivered_total", "RoCEv2 packets the station passed to the transport.")
+	descDrops     = portDesc("drops_total", "Frames the station dropped, by reason.", "reason")
+	descImpair    = portDesc("impaired_frames_total", "Frames the port's fault injection acted on, by direction and action.", "direction", "action")
+	descMTU       = portDesc("mtu_bytes", "MTU of the port's TAP device.")
+
+	descSent         = transportDesc("packets_sent_total", "RoCEv2 packets the transport sent (requests, responses, acknowledgements).")
+	descReceived     = transportDesc("packets_received_total", "RoCEv2 packets the transport received.")
+	descDropped      = transportDesc("packets_dropped_total", "Received RoCEv2 packets the transport dropped (no such QP, bad state, invalid).")
+	descRetransmits  = transportDesc("retransmits_total", "Request packets sent again.")
+	descTimeouts     = transportDesc("timeouts_total", "Local ACK timeouts: requests that went unanswered for the QP's timeout.")
+	descNAKs         = transportDesc("naks_total", "NAKs (PSN sequence error, invalid request, remote access or operational error), by direction.", "direction")
+	descRNRNAKs      = transportDesc("rnr_naks_total", "Receiver-not-ready NAKs, by direction.", "direction")
+	descDupRequests  = transportDesc("duplicate_requests_total", "Request packets the responder had already executed, answered again.")
+	descDupResponses = transportDesc("duplicate_responses_total", "Acknowledgements and responses the completer had already seen.")
+
+	descPorts       = globalDesc("ports", "Ports (verbs devices) of the appliance.")
+	descClients     = globalDesc("clients", "Clients connected to the control socket.")
+	descPDs         = globalDesc("pds", "Protection domains of all clients.")
+	descMRs         = globalDesc("mrs", "Memory regions of all clients.")
+	descMRBytes     = globalDesc("mr_bytes", "Bytes of the memory regions of all clients.")
+	descCQs         = globalDesc("cqs", "Completion queues of all clients.")
+	descQPs         = globalDesc("qps", "Queue pairs of all clients.")
+	descSRQs        = globalDesc("srqs", "Shared receive queues of all clients.")
+	descAHs         = globalDesc("ahs", "Address handles of all clients.")
+	descSwitch      = globalDesc("local_switch_frames_total", "Frames that crossed the local switch between the appliance's ports.")
+	descAttachments = globalDesc("attachments", "Ports attached to pods through the admin API.")
+
+	allDescs = []*prometheus.Desc{
+		descRxFrames, descRxBytes, descTxFrames, descTxBytes, descTxErrors, descDelivered, descDrops, descImpair, descMTU,
+		descSent, descReceived, descDropped, descRetransmits, descTimeouts, descNAKs, descRNRNAKs, descDupRequests, descDupResponses,
+		descPorts, descClients, descPDs, descMRs, descMRBytes, descCQs, descQPs, descSRQs, descAHs, descSwitch, descAttachments,
+	}
+)
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range allDescs {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	nics := c.app.NICs()
+	for _, n := range nics {
+		p := n.Port()
+		dev, port := n.Name(), p.Namespace()+"/"+p.Device().Name()
+		s := p.Stats()
+		counter(descRxFrames, s.RxFrames, dev, port)
+		counter(descRxBytes, s.RxBytes, dev, port)
+		counter(descTxFrames, s.TxFrames, dev, port)
+		counter(descTxBytes, s.TxBytes, dev, port)
+		counter(descTxErrors, s.TxErrors, dev, port)
+		counter(descDelivered, s.Station.Delivered, dev, port)
+		for r, v := range s.Station.Drops {
+			counter(descDrops, v, dev, port, station.DropReason(r).String())
+		}
+		for _, d := range []struct {
+			name string
+			c    impair.Counters
+		}{{"ingress", s.Ingress}, {"egress", s.Egress}} {
+			if d.c.Frames == 0 {
+				continue // no impairment in that direction
+			}
+			for _, a := range []struct {
+				name string
+				v    uint64
+			}{
+				{"dropped", d.c.Dropped}, {"duplicated", d.c.Duplicated}, {"reordered", d.c.Reordered},
+				{"corrupted", d.c.Corrupted}, {"delayed", d.c.Delayed},
+			} {
+				counter(descImpair, a.v, dev, port, d.name, a.name)
+			}
+		}
+		gauge(descMTU, float64(n.MTU()), dev, port)
+
+		e := n.Engine()
+		if e == nil {
+			continue
+		}
+		t := e.Stats()
+		counter(descSent, t.Sent, dev, port)
+		counter(descReceived, t.Received, dev, port)
+		counter(descDropped, t.Dropped, dev, port)
+		counter(descRetransmits, t.Retransmits, dev, port)
+		counter(descTimeouts, t.Timeouts, dev, port)
+		counter(descNAKs, t.NAKsSent, dev, port, "sent")
+		counter(descNAKs, t.NAKsReceived, dev, port, "received")
+		counter(descRNRNAKs, t.RNRNAKsSent, dev, port, "sent")
+		counter(descRNRNAKs, t.RNRNAKsReceived, dev, port, "received")
+		counter(descDupRequests, t.DuplicateRequests, dev, port)
+		counter(descDupResponses, t.DuplicateResponses, dev, port)
+	}
+	gauge(descPorts, float64(len(nics)))
+	st := c.app.Control().Stats()
+	gauge(descClients, float64(st.Clients))
+	gauge(descPDs, float64(st.PDs))
+	gauge(descMRs, float64(st.MRs))
+	gauge(descMRBytes, float64(st.MRBytes))
+	gauge(descCQs, float64(st.CQs))
+	gauge(descQPs, float64(st.QPs))
+	gauge(descSRQs, float64(st.SRQs))
+	gauge(descAHs, float64(st.AHs))
+	if sw := c.app.Switch(); sw != nil {
+		counter(descSwitch, sw.Frames())
+	}
+	if f := c.opts.Attachments; f != nil {
+		gauge(descAttachments, float64(f()))
+	}
+}
+
+// NewRegistry returns a registry holding the appliance's collector and
+// the Go runtime's and the process's (memory, CPU, file descriptors).
+func NewRegistry(app *appliance.Appliance, opts Options) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(NewCollector(app, opts), collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// Handler serves reg's metrics in the Prometheus text (or OpenMetrics)
+// format.
+func Handler(reg *prometheus.Registry) http.Handler {
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true})
+}
