@@ -71,10 +71,8 @@ func NewNIC(name string, dev tap.Device, cfg PortConfig, sw *Switch) (*NIC, erro
 
 func (n *NIC) start(p *Port) {
 	n.port = p
-	cfg := transport.Config{MAC: p.MAC(), GIDs: p.Station().GIDs(), MTU: p.Device().MTU(), Out: nicOutput{n}}
-	if n.sw != nil {
-		cfg.Local = func(a netip.Addr) bool { return n.sw.lookup(a) != nil }
-	}
+	cfg := transport.Config{MAC: p.MAC(), GIDs: p.Station().GIDs(), MTU: p.Device().MTU(), Out: nicOutput{n},
+		Local: func(a netip.Addr) bool { return n.route(a) != nil }}
 	e := transport.NewEngine(cfg)
 	n.engine.Store(e)
 	if n.sw != nil {
@@ -104,12 +102,28 @@ func (n *NIC) Engine() *transport.Engine { return n.engine.Load() }
 func (n *NIC) GIDs() []roce.GID          { return n.port.Station().GIDs() }
 func (n *NIC) MTU() int                  { return n.port.Device().MTU() }
 func (n *NIC) Resolve(ctx context.Context, a netip.Addr) (roce.MAC, error) {
-	if n.sw != nil {
-		if peer := n.sw.lookup(a); peer != nil {
-			return peer.port.MAC(), nil
-		}
+	if peer := n.route(a); peer != nil {
+		return peer.port.MAC(), nil
 	}
 	return n.port.Station().Resolve(ctx, a)
+}
+
+// route returns the NIC that a destination reaches in memory: a NIC of
+// the local switch, or this one for its own GIDs (loopback, as rxe loops
+// a QP's packets to its own port back internally); nil for the wire.
+func (n *NIC) route(a netip.Addr) *NIC {
+	if !a.IsValid() {
+		return nil
+	}
+	if n.sw != nil {
+		return n.sw.lookup(a)
+	}
+	for _, g := range n.port.Station().GIDs() {
+		if g.Addr() == a {
+			return n
+		}
+	}
+	return nil
 }
 
 // Close stops the engine and closes the port.
@@ -204,29 +218,29 @@ func (o nicOutput) Send(frames [][]byte) {
 	<-done
 }
 
-// SendBatch implements transport.AsyncOutput.
+// SendBatch implements transport.AsyncOutput: a batch whose frames all
+// go to one NIC in memory is handed over whole, one for the wire goes to
+// the port's writer, and a mixed one is split.
 func (o nicOutput) SendBatch(b *transport.Batch) {
 	n := o.n
-	if n.sw != nil && len(b.Frames) > 0 {
-		first := n.sw.lookup(frameDst(b.Frames[0][tap.Headroom:]))
-		if first != nil {
-			same := true
-			for _, f := range b.Frames[1:] {
-				if n.sw.lookup(frameDst(f[tap.Headroom:])) != first {
-					same = false
-					break
-				}
-			}
-			if same {
-				n.sw.frames.Add(uint64(len(b.Frames)))
-				first.deliver(trim(b.Frames), b.Refs, b.Release)
-				return
-			}
+	var first *NIC
+	for i, f := range b.Frames {
+		r := n.route(frameDst(f[tap.Headroom:]))
+		if i == 0 {
+			first = r
+		} else if r != first {
 			n.sendMixed(b)
 			return
 		}
 	}
-	n.port.SendAsync(b.Frames, tap.Headroom, b.Release)
+	if first == nil {
+		n.port.SendAsync(b.Frames, tap.Headroom, b.Release)
+		return
+	}
+	if n.sw != nil {
+		n.sw.frames.Add(uint64(len(b.Frames)))
+	}
+	first.deliver(trim(b.Frames), b.Refs, b.Release)
 }
 
 // trim drops the headroom of each frame, in place.
@@ -242,8 +256,7 @@ func trim(frames [][]byte) [][]byte {
 func (n *NIC) sendMixed(b *transport.Batch) {
 	var remote [][]byte
 	for _, f := range b.Frames {
-		if peer := n.sw.lookup(frameDst(f[tap.Headroom:])); peer != nil {
-			n.sw.frames.Add(1)
+		if peer := n.route(frameDst(f[tap.Headroom:])); peer != nil {
 			peer.deliver([][]byte{append([]byte(nil), f[tap.Headroom:]...)}, nil, func() {})
 			continue
 		}

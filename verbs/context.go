@@ -243,12 +243,13 @@ type Context struct {
 	attr DeviceAttr
 	port PortAttr
 
-	mu     sync.Mutex
-	closed bool
-	qps    map[uint32]*QP // by handle
-	cqs    map[uint32]*CQ
-	srqs   map[uint32]*SRQ
-	events chan AsyncEvent
+	mu      sync.Mutex
+	closed  bool
+	qps     map[uint32]*QP // by handle
+	cqs     map[uint32]*CQ
+	srqs    map[uint32]*SRQ
+	events  chan AsyncEvent
+	regions map[*shmem.Region]struct{} // shared memory to unmap on Close
 }
 
 // Open opens a device by name; "" opens the first device this process may
@@ -293,7 +294,8 @@ func Open(ctx context.Context, name string) (*Context, error) {
 		return nil, err
 	}
 	c := &Context{cn: cn, name: name, kick: kick, attr: r.Device, port: portAttrOf(&r.Port),
-		qps: map[uint32]*QP{}, cqs: map[uint32]*CQ{}, srqs: map[uint32]*SRQ{}, events: make(chan AsyncEvent, 64)}
+		qps: map[uint32]*QP{}, cqs: map[uint32]*CQ{}, srqs: map[uint32]*SRQ{}, events: make(chan AsyncEvent, 64),
+		regions: map[*shmem.Region]struct{}{}}
 	go c.dispatchEvents()
 	return c, nil
 }
@@ -357,7 +359,8 @@ func (c *Context) AsyncEvent(ctx context.Context) (AsyncEvent, error) {
 }
 
 // Close closes the device: the appliance destroys every object made
-// through it.
+// through it, and the shared memory of its MRs, CQs and QPs is unmapped
+// (using them afterwards is an error, as after ibv_close_device).
 func (c *Context) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -369,7 +372,28 @@ func (c *Context) Close() error {
 	err := c.cn.c.Close()
 	<-c.cn.done
 	c.kick.Close()
+	c.mu.Lock()
+	for r := range c.regions {
+		r.Close()
+	}
+	clear(c.regions)
+	c.mu.Unlock()
 	return err
+}
+
+// track records shared memory to unmap on Close; untrack forgets it once
+// its object is gone.
+func (c *Context) track(r *shmem.Region) {
+	c.mu.Lock()
+	c.regions[r] = struct{}{}
+	c.mu.Unlock()
+}
+
+func (c *Context) untrack(r *shmem.Region) error {
+	c.mu.Lock()
+	delete(c.regions, r)
+	c.mu.Unlock()
+	return r.Close()
 }
 
 // ring wakes the appliance.

@@ -50,6 +50,7 @@ type MR struct {
 	h      abi.Handle
 	region *shmem.Region
 	buf    []byte
+	addr   uint64
 	LKey   uint32
 	RKey   uint32
 }
@@ -76,14 +77,15 @@ func (pd *PD) AllocMR(ctx context.Context, size int, access Access) (*MR, error)
 		region.Close()
 		return nil, err
 	}
-	return &MR{pd: pd, h: r.Handle, region: region, buf: buf, LKey: r.LKey, RKey: r.RKey}, nil
+	pd.c.track(region)
+	return &MR{pd: pd, h: r.Handle, region: region, buf: buf, addr: req.Addr, LKey: r.LKey, RKey: r.RKey}, nil
 }
 
 // Bytes returns the region's memory.
 func (mr *MR) Bytes() []byte { return mr.buf }
 
 // Addr returns the region's address, as SGEs and remote peers name it.
-func (mr *MR) Addr() uint64 { return uint64(uintptr(unsafe.Pointer(&mr.buf[0]))) }
+func (mr *MR) Addr() uint64 { return mr.addr }
 
 // SGE returns the SGE of n bytes at offset off of the region.
 func (mr *MR) SGE(off, n int) SGE {
@@ -95,8 +97,7 @@ func (mr *MR) Dereg(ctx context.Context) error {
 	if err := mr.pd.c.destroy(ctx, abi.OpDeregMR, mr.h); err != nil {
 		return err
 	}
-	mr.buf = nil
-	return mr.region.Close()
+	return mr.pd.c.untrack(mr.region)
 }
 
 // CompChannel is a completion channel (struct ibv_comp_channel).
@@ -203,6 +204,7 @@ func (c *Context) CreateCQ(ctx context.Context, depth int, ch *CompChannel) (*CQ
 		region.Close()
 		return nil, fmt.Errorf("verbs: CQ ring: %w", err)
 	}
+	c.track(region)
 	cq := &CQ{c: c, h: r.Handle, ch: ch, region: region, ring: ring, state: mem[:abi.StateBytes], depth: int(r.Depth)}
 	if ch != nil {
 		ch.mu.Lock()
@@ -299,7 +301,7 @@ func (cq *CQ) Destroy(ctx context.Context) error {
 	cq.c.mu.Lock()
 	delete(cq.c.cqs, uint32(cq.h))
 	cq.c.mu.Unlock()
-	return cq.region.Close()
+	return cq.c.untrack(cq.region)
 }
 
 // AH is an address handle (struct ibv_ah).

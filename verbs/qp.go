@@ -23,17 +23,15 @@ type QP struct {
 	state  []byte
 
 	// Posting is serialised per queue, as libibverbs serialises it.
-	smu     sync.Mutex
-	sq      *shmem.Ring
-	sent    uint64 // send WQEs posted
-	wqe     abi.SendWQE
-	rmu     sync.Mutex
-	rq      *shmem.Ring
-	recvd   uint64 // receive WQEs posted
-	rwqe    abi.RecvWQE
-	stateMu sync.Mutex
-	qpState QPState
-	gone    bool
+	smu   sync.Mutex
+	sq    *shmem.Ring
+	sent  uint64 // send WQEs posted
+	wqe   abi.SendWQE
+	rmu   sync.Mutex
+	rq    *shmem.Ring
+	recvd uint64 // receive WQEs posted
+	rwqe  abi.RecvWQE
+	gone  bool
 }
 
 // CreateQP creates a queue pair in the RESET state.
@@ -76,6 +74,7 @@ func (pd *PD) CreateQP(ctx context.Context, a QPInitAttr) (*QP, error) {
 	c := r.Caps
 	qp := &QP{pd: pd, h: r.Handle, num: r.QPN, typ: a.Type, srq: a.SRQ, region: region, state: mem[:abi.StateBytes], sq: sq, rq: rq,
 		cap: QPCap{MaxSendWR: c.MaxSendWR, MaxRecvWR: c.MaxRecvWR, MaxSendSGE: c.MaxSendSGE, MaxRecvSGE: c.MaxRecvSGE, MaxInline: c.MaxInline}}
+	pd.c.track(region)
 	pd.c.mu.Lock()
 	pd.c.qps[uint32(r.Handle)] = qp
 	pd.c.mu.Unlock()
@@ -88,11 +87,10 @@ func (qp *QP) Num() uint32 { return qp.num }
 // Cap returns the QP's queue sizes.
 func (qp *QP) Cap() QPCap { return qp.cap }
 
-// State returns the state the QP was last moved to by Modify.
+// State returns the QP's state as the appliance has it: the one Modify
+// moved it to, or SQE or ERR when the transport failed it.
 func (qp *QP) State() QPState {
-	qp.stateMu.Lock()
-	defer qp.stateMu.Unlock()
-	return qp.qpState
+	return QPState(abi.Word32(qp.state, abi.QPStateWord).Load())
 }
 
 // Modify changes the QP's attributes (ibv_modify_qp). A transition with
@@ -111,11 +109,6 @@ func (qp *QP) Modify(ctx context.Context, a *QPAttr, mask AttrMask) error {
 	}
 	if err := errnoOf(abi.OpModifyQP, r.Errno); err != nil {
 		return err
-	}
-	if mask&QPStateMask != 0 {
-		qp.stateMu.Lock()
-		qp.qpState = a.State
-		qp.stateMu.Unlock()
 	}
 	return nil
 }
@@ -293,7 +286,7 @@ func (qp *QP) Destroy(ctx context.Context) error {
 	qp.pd.c.mu.Lock()
 	delete(qp.pd.c.qps, uint32(qp.h))
 	qp.pd.c.mu.Unlock()
-	return qp.region.Close()
+	return qp.pd.c.untrack(qp.region)
 }
 
 // SRQ is a shared receive queue (struct ibv_srq).
@@ -337,6 +330,7 @@ func (pd *PD) CreateSRQ(ctx context.Context, maxWR, limit int) (*SRQ, error) {
 		region.Close()
 		return nil, err
 	}
+	pd.c.track(region)
 	s := &SRQ{pd: pd, h: r.Handle, region: region, state: mem[:abi.StateBytes], rq: rq, maxWR: r.MaxWR}
 	pd.c.mu.Lock()
 	pd.c.srqs[uint32(r.Handle)] = s
@@ -377,5 +371,8 @@ func (s *SRQ) Destroy(ctx context.Context) error {
 		return err
 	}
 	s.gone = true
-	return s.region.Close()
+	s.pd.c.mu.Lock()
+	delete(s.pd.c.srqs, uint32(s.h))
+	s.pd.c.mu.Unlock()
+	return s.pd.c.untrack(s.region)
 }

@@ -359,6 +359,15 @@ func (q *qpObj) close() {
 	q.region.Close()
 }
 
+// stateChanged publishes the QP's state (an engine callback).
+func (q *qpObj) stateChanged(st transport.QPState) {
+	q.smu.Lock()
+	defer q.smu.Unlock()
+	if !q.dead {
+		abi.Word32(q.state, abi.QPStateWord).Store(uint32(st))
+	}
+}
+
 // retired publishes the retire counts (an engine callback).
 func (q *qpObj) retired(send, recv uint64) {
 	q.smu.Lock()
@@ -430,7 +439,7 @@ func (ss *session) createQP(r *abi.CreateQPRequest) (*abi.CreateQPReply, int, er
 	q := &qpObj{pd: pd, scq: scq, rcq: rcq, srq: srq, region: region, sq: sq, rq: rq, state: mem[:abi.StateBytes], typ: typ, caps: c}
 	cfg := transport.QPConfig{Type: typ, PD: pd.pd, SendCQ: scq.tcq, RecvCQ: rcq.tcq,
 		MaxSendWR: int(c.MaxSendWR), MaxRecvWR: int(c.MaxRecvWR), MaxInline: abi.MaxInline, SigAll: r.SigAll != 0,
-		OnRetire: q.retired}
+		OnRetire: q.retired, OnState: q.stateChanged}
 	if srq != nil {
 		cfg.SRQ = srq.srq
 	}

@@ -282,6 +282,9 @@ type QPConfig struct {
 	// under the engine's lock: for a client that tracks how full its
 	// queues are.
 	OnRetire func(send, recv uint64)
+	// OnState, when set, is told each new state of the QP (a Modify, or
+	// the transport moving it to SQE or ERR), under the engine's lock.
+	OnState func(QPState)
 }
 
 // CreateQP creates a queue pair in the RESET state.

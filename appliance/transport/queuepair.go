@@ -220,6 +220,7 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 		}
 	}
 	qp.state = to
+	qp.stateChanged()
 	if to == StateRTS {
 		qp.drive()
 	}
@@ -424,16 +425,22 @@ func (qp *QP) PostRecv(wrs []RecvWR) (int, error) {
 func (qp *QP) completeSend(w *sendWQE, status Status) {
 	qp.rdAtomicOut -= int(w.cost)
 	w.cost = 0
-	if status != WCSuccess || w.wr.Flags&SendSignaled != 0 {
-		wc := WC{ID: w.wr.ID, Status: status, Opcode: wcOpcodeOf(w.wr.Opcode), QPNum: qp.num}
+	signaled := status != WCSuccess || w.wr.Flags&SendSignaled != 0
+	var wc WC
+	if signaled {
+		wc = WC{ID: w.wr.ID, Status: status, Opcode: wcOpcodeOf(w.wr.Opcode), QPNum: qp.num}
 		if status == WCSuccess && (w.wr.Opcode == OpRead || w.wr.Opcode.isAtomic()) {
 			wc.ByteLen = w.length
 		}
+	}
+	// The slot is free before its completion is seen, so a client that
+	// polled the completion may post into it at once.
+	qp.sqHead++
+	qp.retired()
+	if signaled {
 		qp.cfg.SendCQ.push(&wc)
 		qp.notify(qp.cfg.SendCQ)
 	}
-	qp.sqHead++
-	qp.retired()
 	if qp.sqNext < qp.sqHead {
 		qp.sqNext = qp.sqHead
 		qp.reqOff = 0
@@ -453,6 +460,7 @@ func (qp *QP) toError(status Status, withHead bool) {
 		qp.completeSend(&qp.sq[qp.sqHead%uint64(len(qp.sq))], status)
 	}
 	qp.state = StateErr
+	qp.stateChanged()
 	qp.retryAt, qp.rnrAt = time.Time{}, time.Time{}
 	qp.flushSQ()
 	qp.flushRQ()
@@ -478,6 +486,13 @@ func (qp *QP) flushRQ() {
 	}
 	qp.retired()
 	qp.notify(qp.cfg.RecvCQ)
+}
+
+// stateChanged tells the QP's OnState its new state.
+func (qp *QP) stateChanged() {
+	if qp.cfg.OnState != nil {
+		qp.cfg.OnState(qp.state)
+	}
 }
 
 // retired reports the counts of retired WQEs to the QP's OnRetire.

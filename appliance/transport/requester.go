@@ -120,6 +120,7 @@ func (qp *QP) failWQE(w *sendWQE, st Status) {
 	qp.sqNext++
 	qp.reqOff = 0
 	qp.state = StateSQE // the send queue stops; the completer finishes the job
+	qp.stateChanged()
 }
 
 // sendRC sends the next packets of w; it returns false when it must stop.

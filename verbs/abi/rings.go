@@ -27,6 +27,7 @@ const (
 //
 //	0  uint64  send WQEs retired (completed or flushed)
 //	8  uint64  receive WQEs retired
+//	16 uint32  the QP's state (enum ibv_qp_state), as the transport has it
 //
 // CQ region state block:
 //
@@ -43,6 +44,7 @@ const (
 const (
 	QPSendRetired = 0
 	QPRecvRetired = 8
+	QPStateWord   = 16
 	CQArmed       = 0
 	CQFired       = 4
 	CQOverflow    = 8
