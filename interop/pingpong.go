@@ -1,49 +1,22 @@
 package interop
 
 import (
-	"bytes"
 	"context"
-	"encoding/hex"
-	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net"
-	"net/netip"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/appliance/transport"
+	"github.com/taproce/taproce/internal/pingpong"
 )
 
-// This file speaks the protocol of rdma-core's ibv_rc_pingpong,
-// ibv_uc_pingpong and ibv_ud_pingpong
-// (libibverbs/examples/{rc,uc,ud}_pingpong.c, pingpong.c):
-//
-// Out of band, over TCP (port 18515 by default), the client writes its
-// address as "%04x:%06x:%06x:%s" (LID, QPN, PSN, GID as 32 hex digits in
-// byte order, pingpong.c's gid_to_wire_gid) with the terminating NUL, 52
-// bytes in one write; the server reads them, connects its QP, answers the
-// same way, and the client ends with "done" and its NUL. Then the client
-// posts the first SEND of size bytes; each side posts its next SEND once
-// both its previous SEND and a receive have completed, until iters SENDs
-// and iters receives completed. Both sides send from and receive into one
-// buffer, so the server echoes what it received. Receives are posted
-// rx_depth at a time and topped up when one or fewer remain.
-//
-// RC: INIT with access flags 0; RTR with path MTU (-m), the peer's QPN
-// and PSN, max_dest_rd_atomic 1, min_rnr_timer 12 and a GRH address
-// vector (source GID index -g; hop limit 1, which the kernel makes 64,
-// see RoCEv2HopLimit) when the peer's GID has a non-zero interface ID;
-// RTS with timeout 14, retry_cnt 7, rnr_retry 7, max_rd_atomic 1 and the
-// own PSN. UC: the same without the attributes of ACKs and RDMA READ
-// (RTR without max_dest_rd_atomic and min_rnr_timer, RTS with the PSN
-// alone). UD: Q_Key 0x11111111, RTR and RTS with the state and the PSN
-// alone, an address handle of the same form, receive buffers of size+40
-// bytes with the GRH area in front, SENDs of size bytes from behind that
-// area.
+// This file runs rdma-core's ibv_rc_pingpong, ibv_uc_pingpong and
+// ibv_ud_pingpong (libibverbs/examples/{rc,uc,ud}_pingpong.c) on the raw
+// transport engine: the protocol, its out-of-band exchange and its loop
+// are internal/pingpong's (see there), shared with `taproce pingpong`,
+// which runs the same on the verbs library.
 
 // RoCEv2HopLimit is the hop limit of the address vectors a pingpong
 // uses. The tools ask for 1, but for a RoCEv2 GID the kernel's ib_core
@@ -52,66 +25,16 @@ import (
 const RoCEv2HopLimit = 64
 
 // DefaultPingpongPort is the TCP port of the pingpong tools.
-const DefaultPingpongPort = 18515
+const DefaultPingpongPort = pingpong.DefaultPort
 
 // PingpongQKey is the Q_Key of ibv_ud_pingpong.
-const PingpongQKey = 0x11111111
+const PingpongQKey = pingpong.QKey
 
 // GRHLen is the size of the GRH area in front of every UD receive.
-const GRHLen = 40
-
-// DestLen is the length of a pingpong address message, NUL included.
-const DestLen = len("0000:000000:000000:00000000000000000000000000000000") + 1
+const GRHLen = pingpong.GRHLen
 
 // Dest is the address a pingpong tool exchanges (struct pingpong_dest).
-type Dest struct {
-	LID uint16
-	QPN uint32
-	PSN roce.PSN
-	GID roce.GID
-}
-
-// Marshal returns the message for d: "%04x:%06x:%06x:%s" and a NUL.
-func (d Dest) Marshal() []byte {
-	s := fmt.Sprintf("%04x:%06x:%06x:%s", d.LID, d.QPN, uint32(d.PSN), hex.EncodeToString(d.GID[:]))
-	return append([]byte(s), 0)
-}
-
-// String formats d as the tools print it.
-func (d Dest) String() string {
-	return fmt.Sprintf("LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %v", d.LID, d.QPN, uint32(d.PSN), netip.AddrFrom16(d.GID))
-}
-
-// ErrDest is returned for a malformed address message.
-var ErrDest = errors.New("interop: malformed pingpong address")
-
-// ParseDest parses an address message as the tools do (sscanf
-// "%x:%x:%x:%s" and wire_gid_to_gid), but strictly: four fields, the GID
-// of 32 hex digits, an optional NUL at the end.
-func ParseDest(b []byte) (Dest, error) {
-	s := string(b)
-	if i := strings.IndexByte(s, 0); i >= 0 {
-		s = s[:i]
-	}
-	f := strings.Split(s, ":")
-	if len(f) != 4 || len(f[3]) != 32 {
-		return Dest{}, fmt.Errorf("%w: %q", ErrDest, s)
-	}
-	var v [3]uint64
-	for i, bits := range []int{16, 24, 24} {
-		n, err := strconv.ParseUint(f[i], 16, bits)
-		if err != nil {
-			return Dest{}, fmt.Errorf("%w: %q: %w", ErrDest, s, err)
-		}
-		v[i] = n
-	}
-	var d Dest
-	if _, err := hex.Decode(d.GID[:], []byte(f[3])); err != nil {
-		return Dest{}, fmt.Errorf("%w: %q: %w", ErrDest, s, err)
-	}
-	d.LID, d.QPN, d.PSN = uint16(v[0]), uint32(v[1]), roce.PSN(v[2])
-	return d, nil
-}
+type Dest = pingpong.Dest
 
 // PingpongConfig holds a pingpong's options, named after the tools' flags.
 type PingpongConfig struct {
@@ -187,17 +110,12 @@ func (r *PingpongResult) String() string {
 		float64(r.Elapsed.Microseconds())/float64(max(r.Sent, 1)), r.Local, r.Remote)
 }
 
-// Work request IDs of the tools.
-const (
-	recvWRID = 1
-	sendWRID = 2
-)
-
 // bufferVA is the virtual address the pingpong buffer is registered at.
 const bufferVA = 0x10000000
 
-// pingpong is one side of a pingpong on an endpoint.
-type pingpong struct {
+// ppSide is one side of a pingpong on an endpoint; it gives the shared
+// loop (pingpong.Loop) its posts.
+type ppSide struct {
 	ep     *Endpoint
 	cfg    PingpongConfig
 	qp     *transport.QP
@@ -208,13 +126,14 @@ type pingpong struct {
 	local  Dest
 	remote Dest
 	ah     *transport.AH
+	loop   *pingpong.Loop
 }
 
-func (ep *Endpoint) newPingpong(cfg PingpongConfig) (*pingpong, error) {
+func (ep *Endpoint) newPingpong(cfg PingpongConfig) (*ppSide, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	pp := &pingpong{ep: ep, cfg: cfg, wake: make(chan struct{}, 1)}
+	pp := &ppSide{ep: ep, cfg: cfg, wake: make(chan struct{}, 1)}
 	n := cfg.Size
 	if cfg.Type == transport.UD {
 		n += GRHLen
@@ -254,36 +173,36 @@ func (ep *Endpoint) newPingpong(cfg PingpongConfig) (*pingpong, error) {
 		pp.close()
 		return nil, fmt.Errorf("interop: QP to INIT: %w", err)
 	}
-	if got := pp.postRecv(cfg.RxDepth); got < cfg.RxDepth {
+	if pp.loop, err = pingpong.NewLoop(pp, cfg.Iters, cfg.RxDepth); err != nil {
 		pp.close()
-		return nil, fmt.Errorf("interop: posted %d of %d receives", got, cfg.RxDepth)
+		return nil, fmt.Errorf("interop: %w", err)
 	}
 	gid, err := ep.GID(cfg.GIDIndex)
 	if err != nil {
 		pp.close()
 		return nil, err
 	}
-	pp.local = Dest{QPN: pp.qp.Num(), PSN: roce.PSN(rand.Uint32() & roce.PSNMask), GID: gid}
+	pp.local = Dest{QPN: pp.qp.Num(), PSN: rand.Uint32() & roce.PSNMask, GID: gid}
 	return pp, nil
 }
 
 // message returns the part of the buffer a message occupies: behind the
 // GRH area on UD.
-func (pp *pingpong) message() []byte {
+func (pp *ppSide) message() []byte {
 	if pp.cfg.Type == transport.UD {
 		return pp.buf[GRHLen : GRHLen+pp.cfg.Size]
 	}
 	return pp.buf[:pp.cfg.Size]
 }
 
-func (pp *pingpong) close() {
+func (pp *ppSide) close() {
 	pp.ep.Engine.DestroyQP(pp.qp)
 	pp.ep.Engine.Memory().Deregister(pp.mr)
 }
 
-// postRecv posts up to n receives of the whole buffer and returns how many.
-func (pp *pingpong) postRecv(n int) int {
-	wr := transport.RecvWR{ID: recvWRID, SGL: []transport.SGE{{Addr: bufferVA, Length: uint32(len(pp.buf)), LKey: pp.mr.LKey}}}
+// PostRecv posts up to n receives of the whole buffer and returns how many.
+func (pp *ppSide) PostRecv(n int) int {
+	wr := transport.RecvWR{ID: pingpong.RecvWRID, SGL: []transport.SGE{{Addr: bufferVA, Length: uint32(len(pp.buf)), LKey: pp.mr.LKey}}}
 	for i := 0; i < n; i++ {
 		if _, err := pp.qp.PostRecv([]transport.RecvWR{wr}); err != nil {
 			return i
@@ -292,8 +211,9 @@ func (pp *pingpong) postRecv(n int) int {
 	return n
 }
 
-func (pp *pingpong) postSend() error {
-	wr := transport.SendWR{ID: sendWRID, Opcode: transport.OpSend, Flags: transport.SendSignaled,
+// PostSend posts the SEND of the message.
+func (pp *ppSide) PostSend() error {
+	wr := transport.SendWR{ID: pingpong.SendWRID, Opcode: transport.OpSend, Flags: transport.SendSignaled,
 		SGL: []transport.SGE{{Addr: bufferVA, Length: uint32(pp.cfg.Size), LKey: pp.mr.LKey}}}
 	if pp.cfg.Type == transport.UD {
 		wr.SGL[0].Addr += GRHLen
@@ -306,13 +226,12 @@ func (pp *pingpong) postSend() error {
 }
 
 // connect moves the QP to RTS towards the remote address (pp_connect_ctx).
-func (pp *pingpong) connect(ctx context.Context, remote Dest) error {
+func (pp *ppSide) connect(ctx context.Context, remote Dest) error {
 	pp.remote = remote
-	var zero [8]byte
-	if bytes.Equal(remote.GID[8:], zero[:]) {
+	if !remote.HasGID() {
 		return fmt.Errorf("interop: the peer sent no GID (%v): RoCE needs -g", remote)
 	}
-	dst := netip.AddrFrom16(remote.GID).Unmap()
+	dst := remote.Addr()
 	mac, err := pp.ep.Resolve(ctx, dst)
 	if err != nil {
 		return err
@@ -321,17 +240,17 @@ func (pp *pingpong) connect(ctx context.Context, remote Dest) error {
 		if err := pp.qp.Modify(&transport.QPAttr{State: transport.StateRTR}, transport.AttrState); err != nil {
 			return fmt.Errorf("interop: QP to RTR: %w", err)
 		}
-		if err := pp.qp.Modify(&transport.QPAttr{State: transport.StateRTS, SQPSN: pp.local.PSN}, transport.AttrState|transport.AttrSQPSN); err != nil {
+		if err := pp.qp.Modify(&transport.QPAttr{State: transport.StateRTS, SQPSN: roce.PSN(pp.local.PSN)}, transport.AttrState|transport.AttrSQPSN); err != nil {
 			return fmt.Errorf("interop: QP to RTS: %w", err)
 		}
 		pp.ah = &transport.AH{DstIP: remote.GID, DstMAC: mac, SGIDIndex: uint8(pp.cfg.GIDIndex)}
 		return nil
 	}
-	rtr := transport.QPAttr{State: transport.StateRTR, PathMTU: pp.cfg.MTU, DestQPN: remote.QPN, RQPSN: remote.PSN,
+	rtr := transport.QPAttr{State: transport.StateRTR, PathMTU: pp.cfg.MTU, DestQPN: remote.QPN, RQPSN: roce.PSN(remote.PSN),
 		MaxDestRdAtomic: 1, MinRNRTimer: 12,
 		AV: transport.AddressVector{DstIP: dst, DstMAC: mac, SGIDIndex: uint8(pp.cfg.GIDIndex), HopLimit: RoCEv2HopLimit}}
 	rtrMask := transport.AttrState | transport.AttrAV | transport.AttrPathMTU | transport.AttrDestQPN | transport.AttrRQPSN
-	rts := transport.QPAttr{State: transport.StateRTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7, SQPSN: pp.local.PSN, MaxRdAtomic: 1}
+	rts := transport.QPAttr{State: transport.StateRTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7, SQPSN: roce.PSN(pp.local.PSN), MaxRdAtomic: 1}
 	rtsMask := transport.AttrState | transport.AttrSQPSN
 	if pp.cfg.Type == transport.RC {
 		rtrMask |= transport.AttrMaxDestRdAtomic | transport.AttrMinRNRTimer
@@ -346,23 +265,20 @@ func (pp *pingpong) connect(ctx context.Context, remote Dest) error {
 	return nil
 }
 
-// run exchanges the messages (the tools' main loop and parse_single_wc).
-func (pp *pingpong) run(ctx context.Context, client bool) (*PingpongResult, error) {
+// run exchanges the messages: the tools' main loop, polling the CQ.
+func (pp *ppSide) run(ctx context.Context, client bool) (*PingpongResult, error) {
 	res := &PingpongResult{Local: pp.local, Remote: pp.remote}
-	iters := pp.cfg.Iters
-	pending := recvWRID
-	routs := pp.cfg.RxDepth
+	l := pp.loop
+	count := func() { res.Sent, res.Received = l.Sent, l.Received }
+	defer count()
 	start := time.Now()
-	if client {
-		if err := pp.postSend(); err != nil {
-			return res, err
-		}
-		pending |= sendWRID
+	if err := l.Start(client); err != nil {
+		return res, fmt.Errorf("interop: %w", err)
 	}
 	wcs := make([]transport.WC, 2)
 	stall := time.NewTimer(pp.cfg.Stall)
 	defer stall.Stop()
-	for res.Received < iters || res.Sent < iters {
+	for !l.Done() {
 		n := pp.cq.Poll(wcs)
 		if n == 0 {
 			select {
@@ -370,42 +286,21 @@ func (pp *pingpong) run(ctx context.Context, client bool) (*PingpongResult, erro
 			case <-time.After(time.Millisecond):
 			case <-stall.C:
 				return res, fmt.Errorf("interop: pingpong stalled: no completion for %v after %d sends and %d receives completed (QP %v)",
-					pp.cfg.Stall, res.Sent, res.Received, pp.qp.State())
+					pp.cfg.Stall, l.Sent, l.Received, pp.qp.State())
 			case <-ctx.Done():
-				return res, fmt.Errorf("interop: pingpong after %d sends and %d receives: %w", res.Sent, res.Received, ctx.Err())
+				return res, fmt.Errorf("interop: pingpong after %d sends and %d receives: %w", l.Sent, l.Received, ctx.Err())
 			}
 			continue
 		}
 		stall.Reset(pp.cfg.Stall)
-		for _, wc := range wcs[:n] {
+		for i := range wcs[:n] {
+			wc := &wcs[i]
 			if wc.Status != transport.WCSuccess {
-				return res, fmt.Errorf("interop: failed status %v (%d) for wr_id %d after %d sends and %d receives",
-					wc.Status, uint8(wc.Status), wc.ID, res.Sent, res.Received)
+				return res, fmt.Errorf("interop: %w after %d sends and %d receives", pingpong.StatusError(wc.Status.String(), int(wc.Status), wc.ID),
+					l.Sent, l.Received)
 			}
-			switch wc.ID {
-			case sendWRID:
-				res.Sent++
-			case recvWRID:
-				routs--
-				if routs <= 1 {
-					routs += pp.postRecv(pp.cfg.RxDepth - routs)
-					if routs < pp.cfg.RxDepth {
-						return res, fmt.Errorf("interop: could not post receives (%d)", routs)
-					}
-				}
-				res.Received++
-				if err := pp.received(&wc, res.Received); err != nil {
-					return res, err
-				}
-			default:
-				return res, fmt.Errorf("interop: completion for unknown wr_id %d", wc.ID)
-			}
-			pending &^= int(wc.ID)
-			if res.Sent < iters && pending == 0 {
-				if err := pp.postSend(); err != nil {
-					return res, err
-				}
-				pending = recvWRID | sendWRID
+			if err := l.Complete(wc.ID, func(n int) error { return pp.received(wc, n) }); err != nil {
+				return res, fmt.Errorf("interop: %w", err)
 			}
 		}
 	}
@@ -414,7 +309,7 @@ func (pp *pingpong) run(ctx context.Context, client bool) (*PingpongResult, erro
 }
 
 // received checks a receive completion and hands the message to Check.
-func (pp *pingpong) received(wc *transport.WC, n int) error {
+func (pp *ppSide) received(wc *transport.WC, n int) error {
 	want := uint32(pp.cfg.Size)
 	if pp.cfg.Type == transport.UD {
 		want += GRHLen
@@ -427,7 +322,7 @@ func (pp *pingpong) received(wc *transport.WC, n int) error {
 		// RoCEv2 over IPv4: the IPv4 header in the last 20 bytes of the
 		// GRH area.
 		ip := roce.IPv4(pp.buf[GRHLen-roce.IPv4Len : GRHLen])
-		if ip.Version() != 4 || ip.Src() != netip.AddrFrom16(pp.remote.GID).Unmap() || ip.Dst() != pp.ep.IP() {
+		if ip.Version() != 4 || ip.Src() != pp.remote.Addr() || ip.Dst() != pp.ep.IP() {
 			return fmt.Errorf("interop: UD receive %d: GRH area holds % x", n, pp.buf[:GRHLen])
 		}
 	}
@@ -454,24 +349,10 @@ func (ep *Endpoint) PingpongClient(ctx context.Context, addr string, cfg Pingpon
 	if err != nil {
 		return nil, err
 	}
-	remote, err := func() (Dest, error) {
-		defer conn.Close()
-		stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
-		defer stop()
-		if _, err := conn.Write(pp.local.Marshal()); err != nil {
-			return Dest{}, fmt.Errorf("interop: sending the local address: %w", err)
-		}
-		msg := make([]byte, DestLen)
-		if _, err := io.ReadFull(conn, msg); err != nil {
-			return Dest{}, fmt.Errorf("interop: reading the remote address: %w", err)
-		}
-		if _, err := conn.Write([]byte("done\x00")); err != nil {
-			return Dest{}, fmt.Errorf("interop: sending done: %w", err)
-		}
-		return ParseDest(msg)
-	}()
+	remote, err := pingpong.ClientExchange(ctx, conn, pp.local)
+	conn.Close()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("interop: %w", err)
 	}
 	if err := pp.connect(ctx, remote); err != nil {
 		return nil, err
@@ -497,35 +378,10 @@ func (ep *Endpoint) PingpongServer(ctx context.Context, ln net.Listener, cfg Pin
 	if err != nil {
 		return nil, fmt.Errorf("interop: accepting the pingpong client: %w", err)
 	}
-	err = func() error {
-		defer conn.Close()
-		stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
-		defer stop()
-		msg := make([]byte, DestLen)
-		if _, err := io.ReadFull(conn, msg); err != nil {
-			return fmt.Errorf("interop: reading the remote address: %w", err)
-		}
-		remote, err := ParseDest(msg)
-		if err != nil {
-			return err
-		}
-		if err := pp.connect(ctx, remote); err != nil {
-			return err
-		}
-		if _, err := conn.Write(pp.local.Marshal()); err != nil {
-			return fmt.Errorf("interop: sending the local address: %w", err)
-		}
-		done := make([]byte, 5)
-		if _, err := io.ReadFull(conn, done); err != nil {
-			return fmt.Errorf("interop: reading done: %w", err)
-		}
-		if string(done) != "done\x00" {
-			return fmt.Errorf("interop: client ended the exchange with %q, want \"done\\x00\"", done)
-		}
-		return nil
-	}()
+	_, err = pingpong.ServerExchange(ctx, conn, pp.local, func(remote Dest) error { return pp.connect(ctx, remote) })
+	conn.Close()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("interop: %w", err)
 	}
 	return pp.run(ctx, false)
 }

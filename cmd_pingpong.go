@@ -1,0 +1,41 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/taproce/taproce/internal/pingpong"
+)
+
+func init() {
+	commands["pingpong"] = command{"ibv_rc_pingpong, ibv_uc_pingpong and ibv_ud_pingpong on the appliance's verbs", runPingpong}
+}
+
+// runPingpong is `taproce pingpong [options] [server]`: the rdma-core
+// pingpong tools' behaviour, flags, output and out-of-band exchange, as a
+// client process of the appliance (verbs.Socket, TAPROCE_SOCKET).
+func runPingpong(args []string, stdout, stderr io.Writer) int {
+	const argv0 = "taproce pingpong"
+	o, err := pingpong.ParseArgs(args)
+	if errors.Is(err, pingpong.ErrHelp) {
+		pingpong.Usage(stdout, argv0)
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", argv0, err)
+		pingpong.Usage(stderr, argv0)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if _, err := pingpong.Run(ctx, o, pingpong.Env{}, stdout); err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", argv0, err)
+		return 1
+	}
+	return 0
+}
