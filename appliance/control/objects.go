@@ -345,11 +345,44 @@ type qpObj struct {
 	typ      transport.QPType
 	caps     abi.QPCaps
 	rejected atomic.Uint64 // send WQEs the appliance completed itself
+	rb       refillBuf
 	attr     abi.QPAttr    // as last modified, for query
 	av       transport.AddressVector
 
 	smu  sync.Mutex // guards the region against the engine's callbacks
 	dead bool
+	rmu  sync.Mutex // one consumer of the receive ring: the poller or Refill
+}
+
+// refill adds the receive WQEs waiting in the shared ring straight to the
+// transport (an engine callback when a packet finds the queue empty). If
+// the poller is busy with the ring, it is about to post them anyway.
+func (q *qpObj) refill(add func(transport.RecvWR) bool) {
+	if !q.rmu.TryLock() {
+		return
+	}
+	defer q.rmu.Unlock()
+	refillRing(q.rq, &q.rb, add)
+}
+
+// refillBuf is the conversion space of a refill.
+type refillBuf struct {
+	w    abi.RecvWQE
+	sges [abi.MaxSGE]transport.SGE
+}
+
+func refillRing(r *shmem.Ring, b *refillBuf, add func(transport.RecvWR) bool) {
+	n := r.Len()
+	k := 0
+	for ; k < n; k++ {
+		b.w.Get(r.PeekAt(k))
+		if !add(recvWR(&b.w, b.sges[:])) {
+			break
+		}
+	}
+	if k > 0 {
+		r.ReleaseN(k)
+	}
 }
 
 func (q *qpObj) close() {
@@ -439,7 +472,7 @@ func (ss *session) createQP(r *abi.CreateQPRequest) (*abi.CreateQPReply, int, er
 	q := &qpObj{pd: pd, scq: scq, rcq: rcq, srq: srq, region: region, sq: sq, rq: rq, state: mem[:abi.StateBytes], typ: typ, caps: c}
 	cfg := transport.QPConfig{Type: typ, PD: pd.pd, SendCQ: scq.tcq, RecvCQ: rcq.tcq,
 		MaxSendWR: int(c.MaxSendWR), MaxRecvWR: int(c.MaxRecvWR), MaxInline: abi.MaxInline, SigAll: r.SigAll != 0,
-		OnRetire: q.retired, OnState: q.stateChanged}
+		OnRetire: q.retired, OnState: q.stateChanged, Refill: q.refill}
 	if srq != nil {
 		cfg.SRQ = srq.srq
 	}
@@ -572,6 +605,16 @@ type srqObj struct {
 
 	smu  sync.Mutex
 	dead bool
+	rmu  sync.Mutex // one consumer of the ring: the poller or Refill
+	rb   refillBuf
+}
+
+func (s *srqObj) refill(add func(transport.RecvWR) bool) {
+	if !s.rmu.TryLock() {
+		return
+	}
+	defer s.rmu.Unlock()
+	refillRing(s.rq, &s.rb, add)
 }
 
 func (s *srqObj) close() {
@@ -616,7 +659,7 @@ func (ss *session) createSRQ(r *abi.CreateSRQRequest) (*abi.CreateSRQReply, int,
 	s := &srqObj{pd: pd, region: region, rq: ring, state: region.Bytes()[:abi.StateBytes]}
 	srq, err := ss.dev.Engine.CreateSRQ(transport.SRQConfig{PD: pd.pd, MaxWR: int(r.MaxWR),
 		OnLimit:  func() { ss.event(abi.EventSRQLimitReached, h) },
-		OnRetire: s.retired})
+		OnRetire: s.retired, Refill: s.refill})
 	if err != nil {
 		region.Close()
 		return nil, 0, err

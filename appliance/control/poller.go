@@ -204,6 +204,8 @@ func (ss *session) reject(q *qpObj, wr *transport.SendWR) {
 }
 
 func (ss *session) drainRecv(q *qpObj, b *batch) bool {
+	q.rmu.Lock()
+	defer q.rmu.Unlock()
 	n := min(q.rq.Len(), postBatch)
 	if n == 0 {
 		return false
@@ -226,6 +228,8 @@ func (ss *session) drainRecv(q *qpObj, b *batch) bool {
 }
 
 func (ss *session) drainSRQ(s *srqObj, b *batch) bool {
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
 	n := min(s.rq.Len(), postBatch)
 	if n == 0 {
 		return false

@@ -282,6 +282,11 @@ type QPConfig struct {
 	// under the engine's lock: for a client that tracks how full its
 	// queues are.
 	OnRetire func(send, recv uint64)
+	// Refill, when set, is called (under the engine's lock) when a packet
+	// needs a receive WQE and the queue is empty, to add any the client
+	// has posted where the engine has not seen them yet, through add —
+	// as a kernel driver reads a receive queue the application shares.
+	Refill func(add func(RecvWR) bool)
 	// OnState, when set, is told each new state of the QP (a Modify, or
 	// the transport moving it to SQE or ERR), under the engine's lock.
 	OnState func(QPState)
@@ -307,6 +312,7 @@ func (e *Engine) CreateQP(c QPConfig) (*QP, error) {
 	qp.sq = make([]sendWQE, c.MaxSendWR)
 	qp.rq = make([]recvWQE, max(c.MaxRecvWR, 1))
 	qp.cache = make([]respEntry, 16)
+	qp.addRecv = qp.addRecvLocked
 	if c.SRQ != nil {
 		c.SRQ.users++
 	}

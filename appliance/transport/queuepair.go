@@ -95,7 +95,8 @@ type QP struct {
 	killAt time.Time
 
 	scratch sgl
-	local   bool // the destination is on a local switch: whole-message frames
+	local   bool              // the destination is on a local switch: whole-message frames
+	addRecv func(RecvWR) bool // addRecvLocked, bound once for Refill
 }
 
 // Num returns the queue pair number.

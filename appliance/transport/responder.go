@@ -225,10 +225,26 @@ func (qp *QP) recvHead() *recvWQE {
 	if s := qp.cfg.SRQ; s != nil {
 		return s.next()
 	}
+	if qp.rqHead == qp.rqTl && qp.cfg.Refill != nil {
+		qp.cfg.Refill(qp.addRecv)
+	}
 	if qp.rqHead == qp.rqTl {
 		return nil
 	}
 	return &qp.rq[qp.rqHead%uint64(len(qp.rq))]
+}
+
+// addRecvLocked queues one receive WQE with the engine's lock held (for
+// Refill); it reports whether there was room.
+func (qp *QP) addRecvLocked(wr RecvWR) bool {
+	if qp.rqTl-qp.rqHead == uint64(len(qp.rq)) || len(wr.SGL) > maxSGE || qp.state == StateReset || qp.state == StateErr {
+		return false
+	}
+	w := &qp.rq[qp.rqTl%uint64(len(qp.rq))]
+	w.id = wr.ID
+	w.n = copy(w.sge[:], wr.SGL)
+	qp.rqTl++
+	return true
 }
 
 // consumeRecv retires the receive WQE recvHead returned.

@@ -16,6 +16,8 @@ type SRQ struct {
 	users    int    // QPs attached
 	onLimit  func()
 	onRetire func(uint64)
+	refill   func(add func(RecvWR) bool)
+	add      func(RecvWR) bool
 }
 
 // SRQConfig describes a shared receive queue (struct ibv_srq_init_attr).
@@ -27,6 +29,8 @@ type SRQConfig struct {
 	OnLimit func()
 	// OnRetire, like QPConfig.OnRetire, is told the count of retired WQEs.
 	OnRetire func(recv uint64)
+	// Refill, like QPConfig.Refill, adds receive WQEs the client posted.
+	Refill func(add func(RecvWR) bool)
 }
 
 // ErrBusy is returned for destroying an object still in use (EBUSY).
@@ -37,7 +41,9 @@ func (e *Engine) CreateSRQ(c SRQConfig) (*SRQ, error) {
 	if c.PD == nil || c.MaxWR <= 0 {
 		return nil, fmt.Errorf("%w: an SRQ needs a PD and a depth", ErrInvalid)
 	}
-	return &SRQ{e: e, pd: c.PD, rq: make([]recvWQE, c.MaxWR), onLimit: c.OnLimit, onRetire: c.OnRetire}, nil
+	s := &SRQ{e: e, pd: c.PD, rq: make([]recvWQE, c.MaxWR), onLimit: c.OnLimit, onRetire: c.OnRetire, refill: c.Refill}
+	s.add = s.addLocked
+	return s, nil
 }
 
 // DestroySRQ destroys s; it fails with ErrBusy while QPs use it.
@@ -90,6 +96,9 @@ func (s *SRQ) Len() int {
 }
 
 func (s *SRQ) next() *recvWQE {
+	if s.head == s.tl && s.refill != nil {
+		s.refill(s.add)
+	}
 	if s.head == s.tl {
 		return nil
 	}
@@ -107,4 +116,16 @@ func (s *SRQ) consume() {
 			s.onLimit()
 		}
 	}
+}
+
+// addLocked queues one receive WQE with the engine's lock held.
+func (s *SRQ) addLocked(wr RecvWR) bool {
+	if s.rq == nil || s.tl-s.head == uint64(len(s.rq)) || len(wr.SGL) > maxSGE {
+		return false
+	}
+	w := &s.rq[s.tl%uint64(len(s.rq))]
+	w.id = wr.ID
+	w.n = copy(w.sge[:], wr.SGL)
+	s.tl++
+	return true
 }
