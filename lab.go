@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/taproce/taproce/appliance/control"
 	"github.com/taproce/taproce/internal/lab"
 )
 
@@ -35,6 +36,9 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.Offload, "super-frames", true, "move many RoCE packets per TAP syscall (UDP GSO)")
 	fs.IntVar(&o.Frames, "frames", 20000, "RoCE frames per direction in the exchange")
 	fs.IntVar(&o.KernelLoss, "kernel-loss", 0, "percent of RoCE packets the kernels drop on each veth (nftables; needs nft)")
+	fs.BoolVar(&o.LocalSwitch, "local-switch", false, "let the ports' traffic cross in memory instead of through the TAPs and the veth")
+	fs.StringVar(&o.Socket, "socket", "", "control socket of the lab's appliance (default "+lab.DefaultSocket+")")
+	poll := fs.String("poll", "adaptive", `how the appliance waits for its clients' posts: "block", "spin" or "adaptive"`)
 	rdmaMiB := fs.Int("rdma-mib", 64, "MiB moved by RDMA WRITE and read back by RDMA READ between the first two hosts (0: skip)")
 	verbose := fs.Bool("v", false, "log port events")
 	fs.Usage = func() {
@@ -59,6 +63,12 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	o.Out = stdout
+	pm, err := control.ParsePollMode(*poll)
+	if err != nil {
+		fmt.Fprintln(stderr, "taproce lab:", err)
+		return 2
+	}
+	o.Poll = pm
 	o.RDMA = *rdmaMiB << 20
 	if *rdmaMiB <= 0 {
 		o.RDMA = -1

@@ -20,6 +20,7 @@ import (
 
 	"github.com/taproce/taproce/appliance"
 	"github.com/taproce/taproce/appliance/capture"
+	"github.com/taproce/taproce/appliance/control"
 	"github.com/taproce/taproce/appliance/impair"
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/internal/netnsutil"
@@ -54,6 +55,8 @@ type Topology struct {
 	// of through the TAPs and the veth (off: the lab's traffic crosses the
 	// wire as between two machines).
 	LocalSwitch bool
+	// Poll is how the appliance waits for its clients' posts.
+	Poll control.PollMode
 }
 
 // DefaultSocket is the control socket of a lab's appliance.
@@ -122,7 +125,7 @@ func Build(t Topology) (l *Lab, err error) {
 		t.Socket = DefaultSocket
 	}
 	l = &Lab{Topology: t}
-	l.App = appliance.New(appliance.Options{Socket: t.Socket, LocalSwitch: t.LocalSwitch, Logger: t.Logger})
+	l.App = appliance.New(appliance.Options{Socket: t.Socket, LocalSwitch: t.LocalSwitch, Poll: t.Poll, Logger: t.Logger})
 	defer func() {
 		if err != nil {
 			l.Close()

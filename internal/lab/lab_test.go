@@ -3,9 +3,13 @@ package lab
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -147,7 +151,7 @@ func TestLabRun(t *testing.T) {
 	var out strings.Builder
 	steps, err := Run(context.Background(), Options{
 		Prefix: p, Hosts: 3, MTU: 1500, Offload: true, Frames: 2000, RDMA: 16 << 20,
-		Impair: "loss=1%,duplicate=1%,reorder=5%,corrupt=0.1%,seed=7", Out: &out,
+		Impair: "loss=1%,duplicate=1%,reorder=5%,corrupt=0.1%,seed=7", Out: &out, Binary: "-",
 	})
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
@@ -167,7 +171,8 @@ func TestLabRun(t *testing.T) {
 func TestLabSuperFrames(t *testing.T) {
 	p := prefix(t)
 	var out strings.Builder
-	steps, err := Run(context.Background(), Options{Prefix: p, Hosts: 2, Offload: true, Frames: 5000, RDMA: 64 << 20, Out: &out})
+	steps, err := Run(context.Background(), Options{Prefix: p, Hosts: 2, Offload: true, Frames: 5000, RDMA: 64 << 20, Out: &out,
+		Binary: taproceBinary(t), Socket: filepath.Join(t.TempDir(), "lab.sock")})
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
@@ -199,7 +204,7 @@ func TestLabKernelLoss(t *testing.T) {
 		t.Skip("needs nft (nftables); scripts/setup installs it")
 	}
 	var out strings.Builder
-	if _, err := Run(context.Background(), Options{Prefix: p, Hosts: 2, Offload: true, Frames: 2000, RDMA: 32 << 20, KernelLoss: 1, Out: &out}); err != nil {
+	if _, err := Run(context.Background(), Options{Prefix: p, Hosts: 2, Offload: true, Frames: 2000, RDMA: 32 << 20, KernelLoss: 1, Out: &out, Binary: "-"}); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	if !strings.Contains(out.String(), "SHA-256 identical") || !strings.Contains(out.String(), "dropped by the kernels") {
@@ -218,7 +223,7 @@ func TestLabRDMAImpaired(t *testing.T) {
 	p := prefix(t)
 	var out strings.Builder
 	if _, err := Run(context.Background(), Options{Prefix: p, Hosts: 2, Offload: true, Frames: 2000, RDMA: 256 << 20,
-		Impair: "loss=1%,reorder=5%,duplicate=1%,corrupt=0.1%", Out: &out}); err != nil {
+		Impair: "loss=1%,reorder=5%,duplicate=1%,corrupt=0.1%", Out: &out, Binary: "-"}); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	if !strings.Contains(out.String(), "RDMA WRITE 256 MiB, READ it back") || !strings.Contains(out.String(), "SHA-256 identical") {
@@ -233,7 +238,7 @@ func TestLabPcap(t *testing.T) {
 	p := prefix(t)
 	path := t.TempDir() + "/lab.pcap"
 	var out strings.Builder
-	if _, err := Run(context.Background(), Options{Prefix: p, Hosts: 2, Offload: false, Frames: 200, RDMA: 4 << 20, Pcap: path, Out: &out}); err != nil {
+	if _, err := Run(context.Background(), Options{Prefix: p, Hosts: 2, Offload: false, Frames: 200, RDMA: 4 << 20, Pcap: path, Out: &out, Binary: "-"}); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	st, err := decode.File(io.Discard, path, decode.Options{})
@@ -255,4 +260,32 @@ func TestBuildErrors(t *testing.T) {
 	if _, err := Run(context.Background(), Options{Hosts: 2, Impair: "loss=abc"}); err == nil {
 		t.Error("bad impair spec accepted")
 	}
+}
+
+var (
+	buildOnce sync.Once
+	buildPath string
+	buildErr  error
+)
+
+// taproceBinary builds the taproce command once per test run, for the
+// lab's client processes.
+func taproceBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "taproce-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		buildPath = filepath.Join(dir, "taproce")
+		out, err := exec.Command("go", "build", "-o", buildPath, "github.com/taproce/taproce").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return buildPath
 }

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/taproce/taproce/appliance/capture"
+	"github.com/taproce/taproce/appliance/control"
 	"github.com/taproce/taproce/appliance/impair"
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/internal/netnsutil"
@@ -41,6 +42,16 @@ type Options struct {
 	Prefix     string // namespace name prefix (default DefaultPrefix)
 	Out        io.Writer
 	Logger     *slog.Logger
+	// LocalSwitch lets the ports' traffic cross in memory instead of the
+	// veth (off by default: the lab is about the wire).
+	LocalSwitch bool
+	// Socket is the appliance's control socket (default DefaultSocket).
+	Socket string
+	// Poll is how the appliance waits for its clients' posts.
+	Poll control.PollMode
+	// Binary is the taproce executable the client processes run (default:
+	// this process's own); "-" skips the client steps.
+	Binary string
 }
 
 // Step is one line of the result table.
@@ -96,6 +107,7 @@ func Run(ctx context.Context, o Options) ([]Step, error) {
 	l, err := Build(Topology{
 		Prefix: o.Prefix, Hosts: o.Hosts, MTU: o.MTU, Offload: o.Offload,
 		Ingress: spec, Egress: spec, Capture: pcap, Handler: ex.receive, Logger: o.Logger,
+		Socket: o.Socket, LocalSwitch: o.LocalSwitch, Poll: o.Poll,
 	})
 	steps := []Step{{Name: "build", OK: err == nil, Took: time.Since(start)}}
 	if err != nil {
@@ -124,6 +136,9 @@ func Run(ctx context.Context, o Options) ([]Step, error) {
 	}
 	if o.RDMA > 0 {
 		steps = append(steps, rdmaSteps(ctx, l, o.RDMA)...)
+	}
+	if o.Binary != "-" {
+		steps = append(steps, l.serveClients(ctx, o.Binary)...)
 	}
 	if spec.Enabled() {
 		steps = append(steps, impairStep(l, spec))

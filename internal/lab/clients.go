@@ -1,0 +1,194 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// The lab's verbs steps run the taproce binary as separate client
+// processes inside the host namespaces, as applications would run, each
+// talking to the lab's appliance through its control socket.
+
+// client is a client process in a host's namespace.
+type client struct {
+	cmd  *exec.Cmd
+	out  bytes.Buffer
+	mu   sync.Mutex
+	done chan error
+}
+
+// startClient runs `binary args...` in host h's namespace with the lab's
+// socket.
+func (l *Lab) startClient(ctx context.Context, binary string, h *Host, args ...string) (*client, error) {
+	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", h.Namespace, binary}, args...)...)
+	cmd.Env = append(os.Environ(), "TAPROCE_SOCKET="+l.Socket)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	c := &client{cmd: cmd, done: make(chan error, 1)}
+	cmd.Stdout = &lockedWriter{c: c}
+	cmd.Stderr = &lockedWriter{c: c}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("lab: %s %s: %w", binary, strings.Join(args, " "), err)
+	}
+	go func() { c.done <- cmd.Wait() }()
+	return c, nil
+}
+
+type lockedWriter struct{ c *client }
+
+func (w *lockedWriter) Write(p []byte) (int, error) {
+	w.c.mu.Lock()
+	defer w.c.mu.Unlock()
+	return w.c.out.Write(p)
+}
+
+// output returns what the client printed so far.
+func (c *client) output() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.out.String()
+}
+
+// wait waits for the client to end, killing it after timeout.
+func (c *client) wait(timeout time.Duration) error {
+	select {
+	case err := <-c.done:
+		return err
+	case <-time.After(timeout):
+		_ = c.cmd.Process.Kill() // by PID, the one this lab started
+		<-c.done
+		return fmt.Errorf("no end after %v", timeout)
+	}
+}
+
+// waitFor waits until the client's output matches re (a server says it
+// listens), or it ends.
+func (c *client) waitFor(re *regexp.Regexp, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if re.MatchString(c.output()) {
+			return true
+		}
+		select {
+		case err := <-c.done:
+			c.done <- err
+			return re.MatchString(c.output())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return false
+}
+
+// lastLine returns the last non-empty line of s.
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.TrimSpace(lines[len(lines)-1])
+}
+
+// pair runs a server in host b and then a client in host a that connects
+// to b's kernel address; it returns both outputs.
+func (l *Lab) pair(ctx context.Context, binary string, a, b *Host, server, clientArgs []string, ready *regexp.Regexp, timeout time.Duration) (srvOut, cliOut string, err error) {
+	srv, err := l.startClient(ctx, binary, b, server...)
+	if err != nil {
+		return "", "", err
+	}
+	if ready != nil && !srv.waitFor(ready, 10*time.Second) {
+		_ = srv.wait(time.Millisecond)
+		return srv.output(), "", fmt.Errorf("server did not start: %s", lastLine(srv.output()))
+	} else if ready == nil {
+		time.Sleep(300 * time.Millisecond) // the server listens; nothing says so
+	}
+	cli, err := l.startClient(ctx, binary, a, append(clientArgs, b.KernelAddrs[0].Addr().String())...)
+	if err != nil {
+		_ = srv.wait(time.Millisecond)
+		return srv.output(), "", err
+	}
+	cerr := cli.wait(timeout)
+	serr := srv.wait(timeout)
+	if cerr != nil {
+		return srv.output(), cli.output(), fmt.Errorf("client: %w: %s", cerr, lastLine(cli.output()))
+	}
+	if serr != nil {
+		return srv.output(), cli.output(), fmt.Errorf("server: %w: %s", serr, lastLine(srv.output()))
+	}
+	return srv.output(), cli.output(), nil
+}
+
+var itersRe = regexp.MustCompile(`(\d+) iters in ([0-9.]+) seconds = ([0-9.]+) usec/iter`)
+var bytesRe = regexp.MustCompile(`(\d+) bytes in ([0-9.]+) seconds = ([0-9.]+) Mbit/sec`)
+
+// verbsSteps runs the lab's client processes between the first two hosts:
+// each lists its device, then RC and UD pingpong as ibv_rc_pingpong and
+// ibv_ud_pingpong run them.
+func verbsSteps(ctx context.Context, l *Lab, binary string) []Step {
+	a, b := l.Hosts[0], l.Hosts[1]
+	var steps []Step
+	for _, h := range []*Host{a, b} {
+		start := time.Now()
+		c, err := l.startClient(ctx, binary, h, "devices")
+		s := Step{Name: fmt.Sprintf("verbs client in %s lists its device", h.Namespace)}
+		if err == nil {
+			err = c.wait(10 * time.Second)
+			out := c.output()
+			s.OK = err == nil && strings.Contains(out, h.Device)
+			s.Detail = strings.Join(strings.Fields(lastLine(out)), " ")
+		}
+		if err != nil {
+			s.Detail = err.Error()
+		}
+		s.Took = time.Since(start)
+		steps = append(steps, s)
+	}
+	for _, pp := range []struct {
+		name string
+		args []string
+	}{
+		{"RC pingpong (ibv_rc_pingpong's protocol)", []string{"-g", "1", "-n", "1000", "-s", "4096", "-c"}},
+		{"UD pingpong (ibv_ud_pingpong's protocol)", []string{"-t", "ud", "-g", "1", "-n", "1000", "-s", "1024"}},
+	} {
+		start := time.Now()
+		srvArgs := append([]string{"pingpong", "-d", b.Device}, pp.args...)
+		cliArgs := append([]string{"pingpong", "-d", a.Device}, pp.args...)
+		_, out, err := l.pair(ctx, binary, a, b, srvArgs, cliArgs, nil, 60*time.Second)
+		s := Step{Name: fmt.Sprintf("%s %s → %s", pp.name, a.Namespace, b.Namespace), Took: time.Since(start)}
+		m, n := itersRe.FindStringSubmatch(out), bytesRe.FindStringSubmatch(out)
+		switch {
+		case err != nil:
+			s.Detail = err.Error()
+		case m == nil || n == nil:
+			s.Detail = "no result line: " + lastLine(out)
+		default:
+			s.OK = true
+			s.Detail = fmt.Sprintf("%s iters, %s µs/iter, %s Mbit/s", m[1], m[3], n[3])
+		}
+		steps = append(steps, s)
+	}
+	return steps
+}
+
+// serveClients serves the lab's appliance on its control socket while the
+// client steps run, then stops serving.
+func (l *Lab) serveClients(ctx context.Context, binary string) []Step {
+	if binary == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return []Step{{Name: "verbs clients", Detail: err.Error()}}
+		}
+		binary = self
+	}
+	if err := l.App.Control().Listen(); err != nil {
+		return []Step{{Name: "verbs clients: control socket " + l.Socket, Detail: err.Error()}}
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- l.App.Serve(sctx) }()
+	defer func() { cancel(); <-done }()
+	return verbsSteps(ctx, l, binary)
+}
