@@ -346,7 +346,7 @@ type qpObj struct {
 	caps     abi.QPCaps
 	rejected atomic.Uint64 // send WQEs the appliance completed itself
 	rb       refillBuf
-	attr     abi.QPAttr    // as last modified, for query
+	attr     abi.QPAttr // as last modified, for query
 	av       transport.AddressVector
 
 	smu  sync.Mutex // guards the region against the engine's callbacks
