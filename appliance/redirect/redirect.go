@@ -24,8 +24,10 @@ import (
 	"io/fs"
 	"net"
 	"slices"
+	"syscall"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/taproce/taproce/internal/netnsutil"
@@ -112,8 +114,8 @@ func Install(cfg Config) error {
 		if err != nil {
 			return err
 		}
-		if err := netnsutil.WriteSysctl("net/ipv6/conf/"+cfg.TAP+"/disable_ipv6", "1"); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("disabling IPv6 on %s: %w", cfg.TAP, err)
+		if err := quietIPv6(h, l.tap); err != nil {
+			return fmt.Errorf("keeping IPv6 off %s: %w", cfg.TAP, err)
 		}
 		for _, link := range []netlink.Link{l.pod, l.tap} {
 			if err := ensureClsact(h, link); err != nil {
@@ -428,6 +430,34 @@ func deleteFilter(h *netlink.Handle, link netlink.Link, f filterSpec) error {
 	}})
 	if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) {
 		return fmt.Errorf("deleting tc filter pref %d on %s ingress: %w", f.pref, link.Attrs().Name, err)
+	}
+	return nil
+}
+
+// quietIPv6 keeps the pod's kernel from using the TAP for IPv6: the
+// disable_ipv6 sysctl where it can be written, and in any case (for
+// /proc/sys is read-only in a container) the address generation mode
+// "none" over netlink and no link-local address, so the kernel gives the
+// TAP no address, route or neighbour discovery. A container's kernel may
+// still send the odd multicast listener report; the station drops it.
+func quietIPv6(h *netlink.Handle, tap netlink.Link) error {
+	err := netnsutil.WriteSysctl("net/ipv6/conf/"+tap.Attrs().Name+"/disable_ipv6", "1")
+	if err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.EROFS) && !errors.Is(err, fs.ErrPermission) {
+		return fmt.Errorf("disable_ipv6: %w", err)
+	}
+	if err := h.LinkSetIP6AddrGenMode(tap, nl.IN6_ADDR_GEN_MODE_NONE); err != nil {
+		return fmt.Errorf("address generation mode: %w", err)
+	}
+	addrs, err := h.AddrList(tap, netlink.FAMILY_V6)
+	if err != nil {
+		return fmt.Errorf("addresses: %w", err)
+	}
+	for _, a := range addrs {
+		if a.IP.IsLinkLocalUnicast() {
+			if err := h.AddrDel(tap, &a); err != nil {
+				return fmt.Errorf("removing %v: %w", a.IP, err)
+			}
+		}
 	}
 	return nil
 }
