@@ -181,7 +181,7 @@ type CQ struct {
 
 // emptyPollsPerYield is how many empty polls in a row end in a
 // sched_yield.
-const emptyPollsPerYield = 16
+const emptyPollsPerYield = 64
 
 // CreateCQ creates a completion queue of at least depth entries, with an
 // optional completion channel.
