@@ -89,6 +89,13 @@ func (a *Appliance) AddPortOn(dev tap.Device, cfg PortConfig) (*NIC, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = a.log
 	}
+	user := cfg.OnLink
+	cfg.OnLink = func(up bool) {
+		a.ctrl.PortEvent(name, up)
+		if user != nil {
+			user(up)
+		}
+	}
 	var n *NIC
 	if dev == nil {
 		n, err = OpenNIC(name, cfg, a.sw)
@@ -102,7 +109,7 @@ func (a *Appliance) AddPortOn(dev tap.Device, cfg PortConfig) (*NIC, error) {
 	a.nics[name] = n
 	a.mu.Unlock()
 	a.ctrl.AddDevice(&control.Device{Name: name, Netns: ino, Engine: n.Engine(), MAC: n.Port().MAC(), MTU: n.MTU(),
-		GIDs: n.GIDs, Resolve: n.Resolve})
+		GIDs: n.GIDs, Resolve: n.Resolve, Up: n.Port().Up})
 	return n, nil
 }
 

@@ -47,6 +47,10 @@ type PortConfig struct {
 	Handler func(frame []byte, p *roce.Packet)
 	// Logger for the port's events (default slog.Default()).
 	Logger *slog.Logger
+	// OnLink, when set, is told when the port's device fails (up false:
+	// a read error) and when it works again (up true), on the reader's
+	// goroutine.
+	OnLink func(up bool)
 	// Resolver, when set, makes the port's station silent, for redirect
 	// mode: MAC and Addrs are then another stack's (the pod interface's),
 	// which answers ARP, ND and echo itself, and the station resolves next
@@ -93,7 +97,8 @@ type Port struct {
 
 	rxFrames, rxBytes, txFrames, txBytes, txErrors atomic.Uint64
 
-	txq txQueue // SendAsync's queue and writer state
+	txq  txQueue     // SendAsync's queue and writer state
+	down atomic.Bool // the last read failed
 
 	closeOnce sync.Once
 	done      chan struct{}
@@ -305,7 +310,9 @@ func (p *Port) readLoop() {
 				if p.readFailed(err) {
 					return
 				}
+				continue
 			}
+			p.linkUp()
 		}
 	}
 	batch := p.dev.BatchSize()
@@ -319,11 +326,30 @@ func (p *Port) readLoop() {
 		for i := 0; i < n; i++ {
 			p.onFrame(bufs[i][tap.Headroom : tap.Headroom+sizes[i]])
 		}
-		if err != nil && p.readFailed(err) {
-			return
+		if err != nil {
+			if p.readFailed(err) {
+				return
+			}
+			continue
+		}
+		p.linkUp()
+	}
+}
+
+// linkUp notes a good read; after a failure it tells OnLink the port
+// works again.
+func (p *Port) linkUp() {
+	if p.down.Load() && p.down.CompareAndSwap(true, false) {
+		p.log.Info("port works again")
+		if p.cfg.OnLink != nil {
+			p.cfg.OnLink(true)
 		}
 	}
 }
+
+// Up reports whether the port's device works (no read error since the
+// last good read).
+func (p *Port) Up() bool { return !p.down.Load() }
 
 // onFrame takes one frame off the wire: counted, captured, impaired, then
 // to the station and the handler.
@@ -353,6 +379,10 @@ func (p *Port) readFailed(err error) bool {
 	default:
 	}
 	p.log.Warn("read failed", "err", err)
+	if p.down.CompareAndSwap(false, true) && p.cfg.OnLink != nil {
+		p.cfg.OnLink(false)
+	}
+	time.Sleep(time.Millisecond) // a device that fails at once every time must not spin
 	return false
 }
 

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net/netip"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -325,5 +326,65 @@ func TestVerbsLoopback(t *testing.T) {
 	}
 	if !bytes.Equal(b.mr.Bytes()[8192:8192+100000], a.mr.Bytes()[:100000]) {
 		t.Fatal("loopback WRITE data differs")
+	}
+}
+
+// flaky is a fake device whose reads fail while fail is set.
+type flaky struct {
+	*tap.Fake
+	fail atomic.Bool
+}
+
+func (f *flaky) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
+	if f.fail.Load() {
+		time.Sleep(time.Millisecond)
+		return 0, errors.New("device gone away")
+	}
+	return f.Fake.Read(bufs, sizes, offset)
+}
+
+// TestPortEvents: a port whose device fails shows DOWN and its clients
+// get IBV_EVENT_PORT_ERR; when it works again, ACTIVE and
+// IBV_EVENT_PORT_ACTIVE.
+func TestPortEvents(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "taproce.sock")
+	t.Setenv("TAPROCE_SOCKET", sock)
+	self, err := control.NetnsInode("/proc/self/ns/net")
+	must(t, err)
+	app := appliance.New(appliance.Options{Socket: sock, PeerNetns: func(int32) (uint64, error) { return self, nil }})
+	a, b := tap.NewFakePair(1500, 64)
+	defer b.Close()
+	dev := &flaky{Fake: a}
+	_, err = app.AddPortOn(dev, appliance.PortConfig{Namespace: "ev", Name: "fake0", Addrs: []netip.Prefix{netip.MustParsePrefix("10.80.0.1/24")}})
+	must(t, err)
+	must(t, app.Control().Listen())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- app.Serve(ctx) }()
+	defer func() { cancel(); <-done; app.Close() }()
+	c, err := verbs.Open(testCtx(t), "taproce0")
+	must(t, err)
+	defer c.Close()
+	for _, step := range []struct {
+		fail  bool
+		event uint32
+		state uint8
+	}{{true, verbs.EventPortErr, 1}, {false, verbs.EventPortActive, 4}} {
+		dev.fail.Store(step.fail)
+		// A frame ends the read the port is waiting in; the next read
+		// fails, or, once the device works again, reads it.
+		if _, err := b.Write([][]byte{make([]byte, 64)}, 0); err != nil {
+			t.Fatal(err)
+		}
+		ev, err := c.AsyncEvent(testCtx(t))
+		must(t, err)
+		if ev.Type != step.event {
+			t.Fatalf("event %d, want %d", ev.Type, step.event)
+		}
+		pa, err := c.QueryPort(testCtx(t))
+		must(t, err)
+		if pa.State != step.state {
+			t.Fatalf("port state %d, want %d", pa.State, step.state)
+		}
 	}
 }

@@ -108,7 +108,11 @@ func nodeGUID(m roce.MAC) uint64 {
 
 func portAttr(d *Device) abi.PortAttr {
 	mtu := roce.MTUForNetdev(d.MTU)
-	p := abi.PortAttr{State: 4, MaxMTU: uint8(mtu), ActiveMTU: uint8(mtu), LinkLayer: 2, PhysState: 5,
+	state, phys := uint8(4), uint8(5) // IBV_PORT_ACTIVE, LinkUp
+	if d.Up != nil && !d.Up() {
+		state, phys = 1, 3 // IBV_PORT_DOWN, Disabled
+	}
+	p := abi.PortAttr{State: state, MaxMTU: uint8(mtu), ActiveMTU: uint8(mtu), LinkLayer: 2, PhysState: phys,
 		ActiveWidth: 1, ActiveSpeed: 1, GIDTblLen: abi.MaxGIDs, PortCapFlags: 0x00010000 | 0x04000000,
 		MaxMsgSz: transport.MaxMessage, PKeyTblLen: 1}
 	gids := d.GIDs()

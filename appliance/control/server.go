@@ -26,6 +26,7 @@ import (
 
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/appliance/transport"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // DefaultSocket is where the appliance listens unless configured.
@@ -49,6 +50,8 @@ type Device struct {
 	// Resolve finds the MAC of a destination (ARP/ND or the namespace's
 	// neighbours), for address vectors.
 	Resolve func(ctx context.Context, a netip.Addr) (roce.MAC, error)
+	// Up reports whether the port works (nil: always).
+	Up func() bool
 }
 
 // Limits bound what one client may hold; zero means the default.
@@ -187,6 +190,27 @@ func (s *Server) RemoveDevice(name string) {
 	s.mu.Unlock()
 	for _, ss := range users {
 		ss.deviceGone()
+	}
+}
+
+// PortEvent tells the clients of a device that its port failed (up
+// false: IBV_EVENT_PORT_ERR) or works again (IBV_EVENT_PORT_ACTIVE).
+func (s *Server) PortEvent(name string, up bool) {
+	s.mu.Lock()
+	d := s.devices[name]
+	var users []*session
+	for ss := range s.sessions {
+		if d != nil && ss.device() == d {
+			users = append(users, ss)
+		}
+	}
+	s.mu.Unlock()
+	typ := uint32(abi.EventPortActive)
+	if !up {
+		typ = abi.EventPortErr
+	}
+	for _, ss := range users {
+		ss.event(typ, 0)
 	}
 }
 
