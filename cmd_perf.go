@@ -1,0 +1,43 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os/signal"
+	"syscall"
+
+	"github.com/taproce/taproce/internal/perf"
+)
+
+func init() {
+	commands["perf"] = command{"measure RDMA bandwidth and latency as perftest does (write_bw, send_lat, …), against perftest or taproce", runPerf}
+}
+
+// runPerf implements `taproce perf TEST [options] [server-address]`:
+// perftest's ib_write_bw, ib_read_bw, ib_send_bw, ib_atomic_bw,
+// ib_write_lat, ib_read_lat, ib_send_lat and ib_atomic_lat on a taproce
+// device, speaking perftest's out-of-band protocol. It exits 0 when the
+// test ran, 1 when it failed, 2 for a wrong command line.
+func runPerf(args []string, stdout, stderr io.Writer) int {
+	cfg, err := perf.ParseArgs(args)
+	switch {
+	case errors.Is(err, perf.ErrHelp):
+		fmt.Fprint(stdout, perf.Usage())
+		return 0
+	case errors.Is(err, perf.ErrVersion):
+		fmt.Fprintf(stdout, "Version: %s\n", perf.Version)
+		return 0
+	case err != nil:
+		fmt.Fprintf(stderr, "taproce perf: %v\n\n%s", err, perf.Usage())
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if _, err := perf.Run(ctx, cfg, stdout); err != nil {
+		fmt.Fprintf(stderr, "taproce %v\n", err) // the error says "perf: …"
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/taproce/taproce/appliance"
+	"github.com/taproce/taproce/appliance/control"
+	"github.com/taproce/taproce/tap"
+)
+
+func TestPerfUsage(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"perf", "-h"}, &out, &errb); code != 0 || !strings.Contains(out.String(), "Usage: taproce perf TEST") {
+		t.Errorf("-h: %d %q %q", code, out.String(), errb.String())
+	}
+	out.Reset()
+	if code := run([]string{"perf", "write_bw", "-V"}, &out, &errb); code != 0 || out.String() != "Version: 6.06\n" {
+		t.Errorf("-V: %d %q", code, out.String())
+	}
+	errb.Reset()
+	if code := run([]string{"perf", "write"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), `unknown test "write"`) {
+		t.Errorf("bad test: %d %q", code, errb.String())
+	}
+	errb.Reset()
+	if code := run([]string{"perf", "atomic_bw", "-s", "16"}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "taproce perf: message size cannot be changed") {
+		t.Errorf("atomic size: %d %q", code, errb.String())
+	}
+	out.Reset()
+	run([]string{"-h"}, &out, &errb)
+	if !strings.Contains(out.String(), "  perf ") {
+		t.Errorf("perf missing from the commands:\n%s", out.String())
+	}
+}
+
+// TestPerfCommand runs `taproce perf send_lat` and `taproce perf
+// write_bw` server and client against an in-process appliance with two
+// ports on a fake wire.
+func TestPerfCommand(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts an appliance")
+	}
+	sock := filepath.Join(t.TempDir(), "taproce.sock")
+	t.Setenv("TAPROCE_SOCKET", sock)
+	self, err := control.NetnsInode("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := appliance.New(appliance.Options{Socket: sock, PeerNetns: func(int32) (uint64, error) { return self, nil }})
+	a, b := tap.NewFakePair(1500, 1024)
+	for i, dev := range []tap.Device{a, b} {
+		addr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 78, 0, byte(i + 1)}), 24)
+		if _, err := app.AddPortOn(dev, appliance.PortConfig{Namespace: "cmd", Name: dev.Name(), Addrs: []netip.Prefix{addr}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := app.Control().Listen(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- app.Serve(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+		app.Close()
+	}()
+
+	for _, c := range []struct {
+		test, size, header string
+	}{
+		{"send_lat", "2", " #bytes #iterations    t_min[usec]"},
+		{"ib_write_bw", "4096", " #bytes     #iterations    BW peak[MB/sec]"},
+	} {
+		ln, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := fmt.Sprint(ln.Addr().(*net.TCPAddr).Port)
+		ln.Close()
+		var wg sync.WaitGroup
+		var sout, serr, cout, cerr bytes.Buffer
+		var scode, ccode int
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			scode = run([]string{"perf", c.test, "-d", "taproce0", "-p", port, "-n", "20", "-s", c.size}, &sout, &serr)
+		}()
+		go func() {
+			defer wg.Done()
+			ccode = run([]string{"perf", c.test, "-d", "taproce1", "-p", port, "-n", "20", "-s", c.size, "-F", "127.0.0.1"}, &cout, &cerr)
+		}()
+		wg.Wait()
+		if scode != 0 || ccode != 0 {
+			t.Fatalf("%s: server %d %s%s\nclient %d %s%s", c.test, scode, sout.String(), serr.String(), ccode, cout.String(), cerr.String())
+		}
+		for _, out := range []string{sout.String(), cout.String()} {
+			if !strings.Contains(out, c.header) || !strings.Contains(out, "\n "+c.size+" ") {
+				t.Errorf("%s output:\n%s", c.test, out)
+			}
+		}
+	}
+}
