@@ -1,0 +1,313 @@
+package images
+
+import (
+	"bufio"
+	"debug/elf"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// instruction is one Dockerfile instruction, continuation lines joined.
+type instruction struct {
+	line  int
+	cmd   string // upper case: FROM, RUN, …
+	args  string
+	stage int // index of the FROM it belongs to
+}
+
+// parseDockerfile reads the repository's Dockerfile.
+func parseDockerfile(t *testing.T) []instruction {
+	t.Helper()
+	f, err := os.Open("../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []instruction
+	var cur strings.Builder
+	start, stage := 0, -1
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		l := sc.Text()
+		trimmed := strings.TrimSpace(l)
+		if cur.Len() == 0 && (trimmed == "" || strings.HasPrefix(trimmed, "#")) {
+			continue
+		}
+		if cur.Len() > 0 && strings.HasPrefix(trimmed, "#") {
+			continue // a comment inside a continued instruction
+		}
+		if cur.Len() == 0 {
+			start = n
+		}
+		if s, ok := strings.CutSuffix(l, "\\"); ok {
+			cur.WriteString(s)
+			continue
+		}
+		cur.WriteString(l)
+		text := strings.TrimSpace(cur.String())
+		cur.Reset()
+		cmd, args, _ := strings.Cut(text, " ")
+		cmd = strings.ToUpper(cmd)
+		if cmd == "FROM" {
+			stage++
+		}
+		out = append(out, instruction{line: start, cmd: cmd, args: strings.TrimSpace(args), stage: stage})
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// argDefaults returns the defaults of the Dockerfile's ARGs (global and
+// per stage; a later one wins).
+func argDefaults(ins []instruction) map[string]string {
+	m := map[string]string{}
+	for _, in := range ins {
+		if in.cmd == "ARG" {
+			if k, v, ok := strings.Cut(in.args, "="); ok {
+				m[k] = strings.Trim(v, `"`)
+			}
+		}
+	}
+	return m
+}
+
+// TestDockerfileReview checks by hand what hadolint would, and what this
+// image needs: pinned base images (no latest), a build stage that
+// downloads modules before copying the sources, no ADD, exec-form
+// ENTRYPOINT, an explicit USER in the runtime stage, and a Go builder of
+// the version go.mod asks for.
+func TestDockerfileReview(t *testing.T) {
+	ins := parseDockerfile(t)
+	args := argDefaults(ins)
+	var froms []instruction
+	order := map[string]int{}
+	for i, in := range ins {
+		switch in.cmd {
+		case "FROM":
+			froms = append(froms, in)
+		case "ADD":
+			t.Errorf("line %d: ADD; use COPY", in.line)
+		case "MAINTAINER":
+			t.Errorf("line %d: MAINTAINER is deprecated", in.line)
+		case "RUN":
+			if strings.Contains(in.args, "apt-get") || strings.Contains(in.args, "apk ") {
+				t.Errorf("line %d: installs packages; the build needs only Go", in.line)
+			}
+			if strings.Contains(in.args, "go mod download") {
+				order["download"] = i
+			}
+		case "COPY":
+			if strings.HasPrefix(in.args, "go.mod go.sum") {
+				order["copy mod"] = i
+			}
+			if strings.HasPrefix(in.args, ". .") {
+				order["copy all"] = i
+			}
+		case "ENTRYPOINT", "CMD":
+			if !strings.HasPrefix(in.args, "[") {
+				t.Errorf("line %d: %s in shell form; the runtime image has no shell", in.line, in.cmd)
+			}
+		}
+	}
+	if !(order["copy mod"] < order["download"] && order["download"] < order["copy all"]) {
+		t.Errorf("the module download is not cached apart from the sources: %v", order)
+	}
+	if len(froms) != 2 {
+		t.Fatalf("%d stages, want a builder and a runtime image", len(froms))
+	}
+	builder := strings.Fields(froms[0].args)
+	image := builder[0]
+	if v, ok := strings.CutPrefix(image, "${"); ok {
+		image = args[strings.TrimSuffix(v, "}")]
+	}
+	if !strings.Contains(image, ":") || strings.HasSuffix(image, ":latest") || len(builder) != 3 || builder[1] != "AS" {
+		t.Errorf("builder %q (%q): want a tagged image AS a named stage", froms[0].args, image)
+	}
+	data, err := os.ReadFile("../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^go (\d+\.\d+)`).FindSubmatch(data)
+	if m == nil {
+		t.Fatal("go.mod has no go directive")
+	}
+	goMinor := string(m[1])
+	if !regexp.MustCompile(`golang:` + regexp.QuoteMeta(goMinor) + `\b`).MatchString(image) {
+		t.Errorf("builder %s is not Go %s, which go.mod asks for", image, goMinor)
+	}
+	runtime := froms[1].args
+	if runtime != "scratch" && !strings.HasPrefix(runtime, "gcr.io/distroless/static") {
+		t.Errorf("runtime image %s: want scratch or distroless static", runtime)
+	}
+	hasUser := false
+	for _, in := range ins {
+		if in.stage == 1 && in.cmd == "USER" {
+			hasUser = true
+		}
+	}
+	if !hasUser {
+		t.Error("the runtime stage does not say which user it runs as")
+	}
+}
+
+// binaries are the programs the image holds.
+var binaries = []string{"taproce", "taproce-cni", "taproce-entrypoint"}
+
+var (
+	buildOnce sync.Once
+	builtDir  string
+	buildErr  error
+)
+
+// dockerBuild runs the go build commands of the Dockerfile's build stage
+// exactly as written, with the ENV of that stage, VERSION=test-1.2.3 and
+// /out replaced by a temporary directory, in the repository (which the
+// Dockerfile copies to its WORKDIR). It returns the directory.
+func dockerBuild(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds the image's binaries; not in -short")
+	}
+	buildOnce.Do(func() {
+		builtDir, buildErr = os.MkdirTemp("", "taproce-image-")
+		if buildErr != nil {
+			return
+		}
+		ins := parseDockerfile(t)
+		env := append(os.Environ(), "VERSION=test-1.2.3")
+		ran := 0
+		for _, in := range ins {
+			if in.stage != 0 {
+				continue
+			}
+			if in.cmd == "ENV" {
+				env = append(env, strings.Fields(in.args)...)
+			}
+			if in.cmd != "RUN" || !strings.Contains(in.args, "go build") {
+				continue
+			}
+			script := strings.ReplaceAll(in.args, "/out/", builtDir+"/")
+			cmd := exec.Command("sh", "-ec", script)
+			cmd.Dir = ".."
+			cmd.Env = env
+			if out, err := cmd.CombinedOutput(); err != nil {
+				buildErr = fmt.Errorf("Dockerfile line %d: %w\n%s", in.line, err, out)
+				return
+			}
+			ran++
+		}
+		if ran == 0 {
+			buildErr = errors.New("the Dockerfile has no RUN with go build")
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return builtDir
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if builtDir != "" {
+		os.RemoveAll(builtDir)
+	}
+	os.Exit(code)
+}
+
+// TestImageBinaries: the Dockerfile's commands build the three programs
+// the image copies, as static executables (no program interpreter, no
+// shared libraries: they run on an empty base image), with the version
+// stamped in.
+func TestImageBinaries(t *testing.T) {
+	dir := dockerBuild(t)
+	// The runtime stage copies exactly these.
+	var copied []string
+	for _, in := range parseDockerfile(t) {
+		if in.stage == 1 && in.cmd == "COPY" && strings.HasPrefix(in.args, "--from=build ") {
+			f := strings.Fields(in.args)
+			for _, src := range f[1 : len(f)-1] {
+				copied = append(copied, filepath.Base(src))
+			}
+		}
+	}
+	slices.Sort(copied)
+	if !slices.Equal(copied, binaries) {
+		t.Errorf("the runtime stage copies %v, want %v", copied, binaries)
+	}
+	for _, name := range binaries {
+		path := filepath.Join(dir, name)
+		f, err := elf.Open(path)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		for _, p := range f.Progs {
+			if p.Type == elf.PT_INTERP {
+				t.Errorf("%s has a program interpreter: it is dynamically linked", name)
+			}
+			if p.Type == elf.PT_DYNAMIC {
+				t.Errorf("%s has a dynamic section", name)
+			}
+		}
+		if libs, _ := f.ImportedLibraries(); len(libs) > 0 {
+			t.Errorf("%s needs shared libraries %v", name, libs)
+		}
+		if f.Section(".symtab") != nil {
+			t.Errorf("%s keeps its symbol table: -s was not applied", name)
+		}
+		f.Close()
+	}
+
+	out, err := exec.Command(filepath.Join(dir, "taproce"), "--version").CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "taproce test-1.2.3" {
+		t.Errorf("taproce --version: %q, %v", out, err)
+	}
+	out, err = exec.Command(filepath.Join(dir, "taproce-entrypoint"), "-version").CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "taproce-entrypoint test-1.2.3" {
+		t.Errorf("taproce-entrypoint -version: %q, %v", out, err)
+	}
+	cmd := exec.Command(filepath.Join(dir, "taproce-cni"))
+	cmd.Env = []string{"CNI_COMMAND=VERSION"}
+	cmd.Stdin = strings.NewReader(`{"cniVersion": "1.1.0"}`)
+	out, err = cmd.Output()
+	var ver struct {
+		Supported []string `json:"supportedVersions"`
+	}
+	if err != nil || json.Unmarshal(out, &ver) != nil || !slices.Contains(ver.Supported, "1.1.0") {
+		t.Errorf("taproce-cni VERSION: %q, %v", out, err)
+	}
+}
+
+// TestDaemonSetArgs: the entrypoint, built as the image has it, accepts
+// the DaemonSet's arguments.
+func TestDaemonSetArgs(t *testing.T) {
+	dir := dockerBuild(t)
+	_, c := applianceContainer(t)
+	if c["command"] != nil {
+		t.Fatalf("the DaemonSet overrides the image's entrypoint: %v", c["command"])
+	}
+	args := Strings(c["args"])
+	// -version first: the flags are parsed, then it prints and exits.
+	out, err := exec.Command(filepath.Join(dir, "taproce-entrypoint"), append([]string{"-version"}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("taproce-entrypoint %v: %v\n%s", args, err, out)
+	}
+	// What follows -- goes to `taproce run`; its flags must exist too.
+	if i := slices.Index(args, "--"); i >= 0 {
+		runArgs := append(append([]string{"run"}, args[i+1:]...), "-h")
+		out, err := exec.Command(filepath.Join(dir, "taproce"), runArgs...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("taproce run %v: %v\n%s", args[i+1:], err, out)
+		}
+	}
+}

@@ -1,0 +1,22 @@
+// Package clustersim holds the one-machine cluster simulation: a test
+// that runs taproce as a Kubernetes cluster would, with real namespaces
+// for the nodes and the pods, the real CNI chain (the reference bridge
+// and host-local plugins, then taproce-cni) driven through libcni as a
+// container runtime drives it, and RDMA between applications in the
+// pods.
+//
+// Node 1 runs its appliance in the test process (daemon.Start) with the
+// DaemonSet's configuration and the plain chained conflist of images/.
+// Node 2 runs the image's entrypoint as the DaemonSet does: with only the
+// capabilities the DaemonSet grants, it starts `taproce run`, installs
+// taproce-cni into a CNI binary directory laid out like the node's and
+// chains it into the node's primary conflist, which the test then uses
+// as a runtime would. The nodes are joined by a veth and route each
+// other's pod subnets, so a pod on node 2 reaches a pod on node 1 in
+// redirect mode across the two appliances, while two pods on node 1 talk
+// through its local switch.
+//
+// The package has no code of its own besides this comment; everything is
+// in clustersim_test.go. It needs root, /dev/net/tun, iproute2's ip and
+// util-linux's setpriv, and skips without them.
+package clustersim
