@@ -10,7 +10,7 @@ import (
 // RXE_MAX_PKT_PER_ACK).
 const (
 	maxInflight   = 128
-	maxPktsPerAck = 64
+	maxPktsPerAck = 32
 )
 
 // readChunk is the most packets one READ request asks for. A longer READ

@@ -3,13 +3,16 @@ package lab
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"regexp"
 	"strings"
 	"sync"
 	"syscall"
+	"text/tabwriter"
 	"time"
 )
 
@@ -190,5 +193,118 @@ func (l *Lab) serveClients(ctx context.Context, binary string) []Step {
 	done := make(chan error, 1)
 	go func() { done <- l.App.Serve(sctx) }()
 	defer func() { cancel(); <-done }()
-	return verbsSteps(ctx, l, binary)
+	steps := verbsSteps(ctx, l, binary)
+	ps, rows := perfSteps(ctx, l, binary)
+	l.perf = rows
+	return append(steps, ps...)
+}
+
+// perfRun is one `taproce perf` run of the lab: a test at a message size.
+type perfRun struct {
+	test  string
+	size  int
+	iters int
+}
+
+// perfRow is what the lab's perftest-style table shows of a run.
+type perfRow struct {
+	run    perfRun
+	ok     bool
+	bw     float64 // MB/sec (2^20 bytes), bandwidth tests
+	rate   float64 // Mpps
+	lat    float64 // typical (median) µs, latency tests
+	detail string
+}
+
+// labPerfRuns are the perftest runs of the lab, between the first two
+// hosts' client processes.
+var labPerfRuns = []perfRun{
+	{"write_bw", 65536, 2000}, {"read_bw", 65536, 2000}, {"send_bw", 65536, 2000},
+	{"atomic_bw", 8, 2000}, {"send_lat", 2, 1000}, {"write_lat", 2, 1000}, {"read_lat", 2, 1000},
+}
+
+// perfSteps runs taproce perf server and client processes for each of
+// labPerfRuns and returns a step per run plus the table's rows.
+func perfSteps(ctx context.Context, l *Lab, binary string) ([]Step, []perfRow) {
+	a, b := l.Hosts[0], l.Hosts[1]
+	var steps []Step
+	var rows []perfRow
+	for _, r := range labPerfRuns {
+		start := time.Now()
+		args := []string{"perf", r.test, "-x", "1", "-s", fmt.Sprint(r.size), "-n", fmt.Sprint(r.iters), "--json"}
+		srv := append(append([]string{}, args...), "-d", b.Device)
+		cli := append(append([]string{}, args...), "-d", a.Device)
+		_, out, err := l.pair(ctx, binary, a, b, srv, cli, nil, 120*time.Second)
+		row := perfRow{run: r}
+		if err == nil {
+			row.ok, row.bw, row.rate, row.lat, row.detail = parsePerfJSON(out)
+		} else {
+			row.detail = err.Error()
+		}
+		s := Step{Name: fmt.Sprintf("perf %s %d B %s → %s", r.test, r.size, a.Namespace, b.Namespace), OK: row.ok, Took: time.Since(start), Detail: row.detail}
+		steps = append(steps, s)
+		rows = append(rows, row)
+	}
+	return steps, rows
+}
+
+// parsePerfJSON reads the client's --json line.
+func parsePerfJSON(out string) (ok bool, bw, rate, lat float64, detail string) {
+	for _, line := range strings.Split(out, "\n") {
+		line = strings.TrimSpace(line)
+		if !strings.HasPrefix(line, "{") {
+			continue
+		}
+		var r struct {
+			Iters uint64 `json:"iterations"`
+			BW    *struct {
+				Avg     float64 `json:"average"`
+				MsgRate float64 `json:"msg_rate_mpps"`
+				Unit    string  `json:"unit"`
+			} `json:"bw"`
+			Lat *struct {
+				Typical float64 `json:"t_typical_usec"`
+				Avg     float64 `json:"t_avg_usec"`
+			} `json:"lat"`
+		}
+		if json.Unmarshal([]byte(line), &r) != nil || r.Iters == 0 {
+			continue
+		}
+		switch {
+		case r.BW != nil:
+			return true, r.BW.Avg, r.BW.MsgRate, 0, fmt.Sprintf("%d iterations, %.2f %s, %.4f Mpps", r.Iters, r.BW.Avg, r.BW.Unit, r.BW.MsgRate)
+		case r.Lat != nil:
+			return true, 0, 0, r.Lat.Typical, fmt.Sprintf("%d iterations, typical %.2f µs, average %.2f µs", r.Iters, r.Lat.Typical, r.Lat.Avg)
+		}
+	}
+	return false, 0, 0, 0, "no result: " + lastLine(out)
+}
+
+// printPerf prints the perftest-style table of the lab's runs, with TCP
+// over the same veth, measured in the same run, as the baseline.
+func printPerf(w io.Writer, rows []perfRow, tcp float64) {
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\n---------------------------------------------------------------------------------------")
+	fmt.Fprintln(w, " taproce perf between the lab's client processes (perftest's columns; 1 MB = 2^20 bytes)")
+	fmt.Fprintln(w, "---------------------------------------------------------------------------------------")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, " test\t#bytes\t#iterations\tBW average[MB/sec]\tMsgRate[Mpps]\tt_typical[usec]\t")
+	for _, r := range rows {
+		if !r.ok {
+			fmt.Fprintf(tw, " %s\t%d\t%d\tFAILED\t\t\t\n", r.run.test, r.run.size, r.run.iters)
+			continue
+		}
+		if r.lat > 0 {
+			fmt.Fprintf(tw, " %s\t%d\t%d\t\t\t%.2f\t\n", r.run.test, r.run.size, r.run.iters, r.lat)
+			continue
+		}
+		fmt.Fprintf(tw, " %s\t%d\t%d\t%.2f\t%.6f\t\t\n", r.run.test, r.run.size, r.run.iters, r.bw, r.rate)
+	}
+	if tcp > 0 {
+		fmt.Fprintf(tw, " TCP (same veth)\t\t\t%.2f\t\t\t\n", tcp/(1<<20))
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "---------------------------------------------------------------------------------------")
 }

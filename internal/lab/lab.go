@@ -101,6 +101,7 @@ type Lab struct {
 	Hosts      []*Host
 	App        *appliance.Appliance // serves verbs on Socket once Serve runs
 	namespaces []string
+	perf       []perfRow // the perf runs of the client steps
 }
 
 // Build creates the lab's namespaces, links and ports. On error everything

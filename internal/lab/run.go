@@ -153,6 +153,13 @@ func Run(ctx context.Context, o Options) ([]Step, error) {
 		steps = append(steps, s)
 	}
 	printSteps(o.Out, steps)
+	if len(l.perf) > 0 {
+		tcp, err := TCPThroughput(l.Hosts[0], l.Hosts[1], 256<<20)
+		if err != nil {
+			tcp = 0
+		}
+		printPerf(o.Out, l.perf, tcp)
+	}
 	failed := false
 	for _, s := range steps {
 		failed = failed || !s.OK
