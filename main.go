@@ -1,8 +1,13 @@
 // Command taproce is the software RoCEv2 NIC's one binary: the appliance
 // daemon, the lab, and the tools around them.
 //
-//	taproce lab [flags]               the veth-pair lab: namespaces, ports, checks, exchange
+//	taproce run --config FILE         the appliance daemon
+//	taproce lab [flags]               the veth-pair lab: namespaces, ports, checks, RDMA, client processes
+//	taproce devices | devinfo         the devices this namespace may use (ibv_devices, ibv_devinfo)
+//	taproce pingpong [flags] [host]   ibv_rc_pingpong / ibv_uc_pingpong / ibv_ud_pingpong
+//	taproce perf TEST [flags] [host]  perftest: write_bw, read_bw, send_bw, atomic_bw, *_lat
 //	taproce decode [--json] FILE...   dissect RoCEv2 captures, check every ICRC
+//	taproce config FILE               check an appliance configuration
 //	taproce version                   print the version
 package main
 
