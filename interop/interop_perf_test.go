@@ -511,6 +511,9 @@ func tapTxDropped(peer string) (uint64, error) {
 	return n, err
 }
 
+// vmDropsSeen is the VM TAP's drop count at the end of the last run.
+var vmDropsSeen uint64
+
 // checkCounters is exchangeCheck.finish for a run whose taproce
 // statistics were taken before (s0) and after (s1) it: no rxe error
 // counter moved, ACK timeouts stayed few on both sides, taproce sent and
@@ -520,8 +523,18 @@ func checkCounters(t *testing.T, iters int, s0, s1 transport.Stats, before, afte
 	t.Helper()
 	d := after.Sub(before)
 	t.Logf("rxe counters: %v", d)
+	allowed := maxTimeouts(iters)
 	if dropped, err := tapTxDropped(peerName); err == nil {
 		t.Logf("frames tap-%s could not take towards the VM so far: %d", peerName, dropped)
+		// Frames the VM's own TAP had no room for (the emulated VM drains
+		// it slowly; taproce's READ responder sends a response whole, as
+		// rxe's does) are losses, and rxe's retries are the IBA's
+		// recovery from them: allowed, as long as the run is correct.
+		if n := dropped - vmDropsSeen; n > 0 {
+			allowed = max(allowed, uint64(2*iters+2))
+			t.Logf("the VM's TAP dropped %d frames during this run: up to %d ACK timeouts allowed", n, allowed)
+		}
+		vmDropsSeen = dropped
 	}
 	t.Logf("taproce: sent %d received %d dropped %d retransmits %d timeouts %d NAKs sent %d received %d RNR NAKs sent %d received %d duplicate requests %d responses %d",
 		s1.Sent-s0.Sent, s1.Received-s0.Received, s1.Dropped-s0.Dropped, s1.Retransmits-s0.Retransmits, s1.Timeouts-s0.Timeouts,
@@ -532,10 +545,10 @@ func checkCounters(t *testing.T, iters int, s0, s1 transport.Stats, before, afte
 			t.Errorf("rxe counter %s rose by %d", k, d[k])
 		}
 	}
-	if n := d["completer_retry_err"]; n > maxTimeouts(iters) {
+	if n := d["completer_retry_err"]; n > allowed {
 		t.Errorf("rxe retransmitted after %d ACK timeouts in %d iterations", n, iters)
 	}
-	if n := s1.Timeouts - s0.Timeouts; n > maxTimeouts(iters) {
+	if n := s1.Timeouts - s0.Timeouts; n > allowed {
 		t.Errorf("taproce retransmitted after %d ACK timeouts in %d iterations", n, iters)
 	}
 	if n := s1.NAKsSent - s0.NAKsSent + s1.NAKsReceived - s0.NAKsReceived + s1.RNRNAKsSent - s0.RNRNAKsSent +
@@ -705,7 +718,7 @@ func TestPerftestOptions(t *testing.T) {
 				t.Fatalf("VM server: exit %d, %v", code, werr)
 			}
 			checkOptionRun(t, c, string(out), c.results, vmOut, serverLines)
-			checkCounters(t, 5, s0, s1, before, after)
+			checkCounters(t, optionIters(c.args), s0, s1, before, after)
 		})
 		t.Run(name+"/vm-client", func(t *testing.T) {
 			record(t, "server")
@@ -739,9 +752,26 @@ func TestPerftestOptions(t *testing.T) {
 				t.Fatalf("VM client: %v; taproce perf server: %v", err, werr)
 			}
 			checkOptionRun(t, c, ours.String(), serverLines, vmOut, c.results)
-			checkCounters(t, 5, s0, s1, before, after)
+			checkCounters(t, optionIters(c.args), s0, s1, before, after)
 		})
 	}
+}
+
+// optionIters is how many iterations a run with these perftest options
+// makes in all: -n (default 5 here) for each size, every size of -a
+// (2 B to 8 MiB, 23 of them).
+func optionIters(args string) int {
+	n, sizes := 5, 1
+	f := strings.Fields(args)
+	for i, x := range f {
+		switch {
+		case x == "-n" && i+1 < len(f):
+			n, _ = strconv.Atoi(f[i+1])
+		case x == "-a":
+			sizes = 23
+		}
+	}
+	return n * sizes
 }
 
 // checkOptionRun checks the number of result lines of both sides and the

@@ -97,6 +97,9 @@ func binaries(t *testing.T) string {
 }
 
 func TestMain(m *testing.M) {
+	if os.Getenv(clientEnv) != "" {
+		os.Exit(runClient())
+	}
 	code := m.Run()
 	if binDir != "" {
 		os.RemoveAll(binDir)
@@ -275,7 +278,15 @@ func startInProcess(t *testing.T, nd *node, bins string) (stop func() error) {
 		b, _ := io.ReadAll(resp.Body)
 		return string(b)
 	}
+	useBridgeConflist(t, nd, bins)
+	return stop
+}
 
+// useBridgeConflist gives the node the plain chained conflist of images/
+// (bridge + host-local, taproce-cni) with the node's pod subnet and admin
+// socket, and a libcni that runs the plugins in bins.
+func useBridgeConflist(t *testing.T, nd *node, bins string) {
+	t.Helper()
 	data, err := images.Files.ReadFile("10-taproce-bridge.conflist")
 	if err != nil {
 		t.Fatal(err)
@@ -306,7 +317,6 @@ func startInProcess(t *testing.T, nd *node, bins string) (stop func() error) {
 		t.Fatal(err)
 	}
 	nd.cni = libcni.NewCNIConfigWithCacheDir([]string{bins}, filepath.Join(nd.dir, "cni-cache"), nil)
-	return stop
 }
 
 // entrypoint is node 2's appliance, run as the DaemonSet runs it.

@@ -16,7 +16,14 @@
 // redirect mode across the two appliances, while two pods on node 1 talk
 // through its local switch.
 //
+// load_test.go fills a node: 64 pods attached by concurrent CNI ADDs,
+// every port checked by a verbs client in its pod and by RoCEv2 from the
+// node, then 64 concurrent DELs leaving nothing (TestLoad); and measures
+// the resident memory of `taproce run` idle and with 64 pods × 16
+// connected QPs against the targets (TestMemory). The test binary is
+// itself the verbs client it runs in the pods.
+//
 // The package has no code of its own besides this comment; everything is
-// in clustersim_test.go. It needs root, /dev/net/tun, iproute2's ip and
+// in its tests. It needs root, /dev/net/tun, iproute2's ip and
 // util-linux's setpriv, and skips without them.
 package clustersim
