@@ -8,8 +8,6 @@ import (
 	"syscall"
 	"unsafe"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/taproce/taproce/shmem"
 	"github.com/taproce/taproce/verbs/abi"
 )
@@ -176,12 +174,7 @@ type CQ struct {
 
 	mu        sync.Mutex
 	destroyed bool
-	empty     uint32 // polls in a row that found nothing
 }
-
-// emptyPollsPerYield is how many empty polls in a row end in a
-// sched_yield.
-const emptyPollsPerYield = 64
 
 // CreateCQ creates a completion queue of at least depth entries, with an
 // optional completion channel.
@@ -250,17 +243,6 @@ func (cq *CQ) Poll(wcs []WC) int {
 		return -1
 	}
 	n := min(cq.ring.Len(), len(wcs))
-	if n == 0 {
-		// The NIC is a process too: an application that spins on an
-		// empty CQ gives its core away now and then (sched_yield), or on
-		// a machine with few cores the appliance waits for the
-		// scheduler's tick to run at all.
-		if cq.empty++; cq.empty%emptyPollsPerYield == 0 {
-			_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
-		}
-		return 0
-	}
-	cq.empty = 0
 	for i := range n {
 		cq.cqe.Get(cq.ring.PeekAt(i))
 		e := &cq.cqe

@@ -46,15 +46,8 @@ type batch struct {
 }
 
 // spinFor is how long the adaptive poller keeps looking after its last
-// work before it sleeps: long on a machine with cores to spare, short on
-// a small one, where a spinning appliance takes the core its clients
-// need.
-var spinFor = func() time.Duration {
-	if runtime.NumCPU() >= 4 {
-		return 50 * time.Microsecond
-	}
-	return 5 * time.Microsecond
-}()
+// work before it sleeps on the doorbell.
+const spinFor = 50 * time.Microsecond
 
 // poll moves the client's posts from its rings to the transport until the
 // session ends, sleeping on the doorbell when there is nothing to do.
