@@ -100,14 +100,30 @@ func (ss *session) prepareSleep() bool {
 	for _, w := range *ss.rings.Load() {
 		if w.q != nil {
 			w.q.sq.PrepareSleep()
+			w.q.rmu.Lock() // the receive ring's consumer is shared with Refill
 			w.q.rq.PrepareSleep()
+			w.q.rmu.Unlock()
 		} else {
+			w.srq.rmu.Lock()
 			w.srq.rq.PrepareSleep()
+			w.srq.rmu.Unlock()
 		}
 	}
 	for _, w := range *ss.rings.Load() {
-		if w.q != nil && (w.q.sq.Len() > 0 || w.q.rq.Len() > 0) || w.srq != nil && w.srq.rq.Len() > 0 {
-			return false
+		if w.q != nil {
+			w.q.rmu.Lock()
+			busy := w.q.sq.Len() > 0 || w.q.rq.Len() > 0
+			w.q.rmu.Unlock()
+			if busy {
+				return false
+			}
+		} else {
+			w.srq.rmu.Lock()
+			busy := w.srq.rq.Len() > 0
+			w.srq.rmu.Unlock()
+			if busy {
+				return false
+			}
 		}
 	}
 	return true
@@ -119,9 +135,13 @@ func (ss *session) cancelSleep() {
 	for _, w := range *ss.rings.Load() {
 		if w.q != nil {
 			w.q.sq.CancelSleep()
+			w.q.rmu.Lock()
 			w.q.rq.CancelSleep()
+			w.q.rmu.Unlock()
 		} else {
+			w.srq.rmu.Lock()
 			w.srq.rq.CancelSleep()
+			w.srq.rmu.Unlock()
 		}
 	}
 }
