@@ -211,12 +211,10 @@ func BenchmarkLabWrite64K(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer l.Close()
-	es := startEngines(l)
-	defer es.close()
 	A, B := l.Hosts[0], l.Hosts[1]
 	const size = 64 << 10
 	const region = 64 * size
-	rp, err := connectRC(b.Context(), es.eng[0], es.eng[1], A, B, region)
+	rp, err := connectRC(b.Context(), A.NIC.Engine(), B.NIC.Engine(), A, B, region)
 	if err != nil {
 		b.Fatal(err)
 	}

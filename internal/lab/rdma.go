@@ -19,21 +19,6 @@ import (
 // nothing after it reveals) cost seconds, not a minute, over 256 MiB.
 const labTimeout = 12
 
-// engines are the transport engines of the lab hosts' NICs.
-type engines struct {
-	eng []*transport.Engine
-}
-
-func startEngines(l *Lab) *engines {
-	es := &engines{}
-	for _, h := range l.Hosts {
-		es.eng = append(es.eng, h.NIC.Engine())
-	}
-	return es
-}
-
-func (es *engines) close() {}
-
 // rcPair is an RC connection between two lab hosts, each with a region.
 type rcPair struct {
 	qa, qb     *transport.QP
@@ -142,13 +127,11 @@ func (rp *rcPair) wait(ctx context.Context, cq *transport.CQ, n int, timeout tim
 // both atomics, and rounds of RDMA WRITE of total bytes read back by RDMA
 // READ and compared by SHA-256.
 func rdmaSteps(ctx context.Context, l *Lab, total int) []Step {
-	es := startEngines(l)
-	defer es.close()
 	a, b := l.Hosts[0], l.Hosts[1]
 	const region = 32 << 20
 	name := fmt.Sprintf("RDMA %s ⇄ %s", a.Namespace, b.Namespace)
 	start := time.Now()
-	rp, err := connectRC(ctx, es.eng[0], es.eng[1], a, b, 2*region)
+	rp, err := connectRC(ctx, a.NIC.Engine(), b.NIC.Engine(), a, b, 2*region)
 	if err != nil {
 		return []Step{{Name: name + " connect", Detail: err.Error(), Took: time.Since(start)}}
 	}
@@ -156,7 +139,7 @@ func rdmaSteps(ctx context.Context, l *Lab, total int) []Step {
 		Detail: fmt.Sprintf("QP %#x ⇄ QP %#x", rp.qa.Num(), rp.qb.Num())}}
 	steps = append(steps, rp.sendAndAtomics(ctx))
 	steps = append(steps, rp.writeRead(ctx, total, region))
-	sa, sb := es.eng[0].Stats(), es.eng[1].Stats()
+	sa, sb := a.NIC.Engine().Stats(), b.NIC.Engine().Stats()
 	steps = append(steps, Step{Name: "transport counters", OK: true, Detail: fmt.Sprintf(
 		"%s sent %d packets: %d go-backs, %d timeouts, %d NAKs and %d RNR NAKs received, %d duplicate responses seen; %s sent %d: %d NAKs, %d duplicate requests seen",
 		a.Namespace, sa.Sent, sa.Retransmits, sa.Timeouts, sa.NAKsReceived, sa.RNRNAKsReceived, sa.DuplicateResponses,
