@@ -458,7 +458,10 @@ func (ss *session) createQP(r *abi.CreateQPRequest) (*abi.CreateQPReply, int, er
 		c.MaxRecvWR, c.MaxRecvSGE = 0, 0
 	}
 	c.MaxSendSGE, c.MaxRecvSGE, c.MaxInline = abi.MaxSGE, abi.MaxSGE, abi.MaxInline
-	sqSlots, rqSlots := nextPow2(c.MaxSendWR), nextPow2(max(c.MaxRecvWR, 1))
+	// The send ring holds twice the queue: the poller releases a slot only
+	// after handing its request to the transport, whose completion the
+	// client may see (and post again after) first.
+	sqSlots, rqSlots := nextPow2(2*c.MaxSendWR), nextPow2(max(c.MaxRecvWR, 1))
 	sqOff := abi.StateBytes
 	rqOff := abi.RingOffset(sqOff + shmem.RingBytes(int(sqSlots), abi.SendSlot))
 	size := rqOff + shmem.RingBytes(int(rqSlots), abi.RecvSlot)
