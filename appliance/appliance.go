@@ -17,7 +17,8 @@ import (
 type Options struct {
 	// Socket is the control socket (default control.DefaultSocket).
 	Socket string
-	// Limits per client, and how the appliance waits for their posts.
+	// Limits per client, and how the appliance waits for their posts and
+	// for its ports' frames.
 	Limits control.Limits
 	Poll   control.PollMode
 	// LocalSwitch lets traffic between the appliance's own ports cross in
@@ -89,6 +90,9 @@ func (a *Appliance) AddPortOn(dev tap.Device, cfg PortConfig) (*NIC, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = a.log
 	}
+	// The appliance's poll mode says how it waits for frames as well as
+	// for its clients' posts.
+	cfg.ReadSpin = a.opt.Poll.Spin()
 	user := cfg.OnLink
 	cfg.OnLink = func(up bool) {
 		a.ctrl.PortEvent(name, up)

@@ -35,6 +35,10 @@ type PortConfig struct {
 	MTU int
 	// Offload asks for UDP GSO super-frames on the TAP.
 	Offload bool
+	// ReadSpin is how the port's reader waits for frames: it busy-polls
+	// the TAP for this long before it sleeps; 0 sleeps at once, a
+	// negative value never sleeps (see tap.Tap.SetSpin).
+	ReadSpin time.Duration
 	// Ingress and Egress impair the frames the port receives and sends.
 	Ingress, Egress impair.Spec
 	// Capture, when set, records every frame the port sends and receives:
@@ -123,6 +127,7 @@ func OpenPort(cfg PortConfig) (*Port, error) {
 	if err != nil {
 		return nil, fmt.Errorf("port %s/%s: %w", cfg.Namespace, cfg.Name, err)
 	}
+	dev.SetSpin(cfg.ReadSpin)
 	p, err := NewPort(dev, cfg)
 	if err != nil {
 		dev.Close()

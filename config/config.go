@@ -145,8 +145,8 @@ type Config struct {
 	// memory instead of through their TAP devices. It has no zero
 	// default: Default turns it on, a Config built in code says.
 	LocalSwitch bool
-	// Poll is how the appliance waits for clients' posts: PollAdaptive,
-	// PollBlock or PollSpin.
+	// Poll is how the appliance waits for clients' posts and for its
+	// ports' frames: PollAdaptive, PollBlock or PollSpin.
 	Poll string
 	// Limits bound what one client may hold.
 	Limits Limits

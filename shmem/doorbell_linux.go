@@ -30,6 +30,18 @@ type Doorbell struct {
 	closed atomic.Bool
 	once   sync.Once
 	cerr   error
+
+	// The read in progress (read holds rmu): made once, so that waiting
+	// allocates nothing.
+	rmu    sync.Mutex
+	rbuf   [8]byte
+	rerr   error
+	rblock bool
+	readFn func(uintptr) bool
+	// Ring's write, likewise (Ring holds wmu).
+	wmu     sync.Mutex
+	werr    error
+	writeFn func(uintptr) bool
 }
 
 // eventfdOne is the 8-byte value 1 in host byte order, what Ring writes.
@@ -95,7 +107,9 @@ func newDoorbell(fd int) (*Doorbell, error) {
 		f.Close()
 		return nil, fmt.Errorf("raw conn: %w", err)
 	}
-	return &Doorbell{f: f, rc: rc, fd: fd}, nil
+	d := &Doorbell{f: f, rc: rc, fd: fd}
+	d.readFn, d.writeFn = d.readRaw, d.writeRaw
+	return d, nil
 }
 
 // Fd returns the eventfd, for sending to the peer. The Doorbell keeps
@@ -105,15 +119,10 @@ func (d *Doorbell) Fd() int { return d.fd }
 // Ring wakes the waiter: it adds 1 to the eventfd counter. Ringing a
 // doorbell whose counter is saturated is not an error.
 func (d *Doorbell) Ring() error {
-	var werr error
-	err := d.rc.Write(func(fd uintptr) bool {
-		for {
-			_, werr = unix.Write(int(fd), eventfdOne)
-			if werr != unix.EINTR {
-				return true
-			}
-		}
-	})
+	d.wmu.Lock()
+	err := d.rc.Write(d.writeFn)
+	werr := d.werr
+	d.wmu.Unlock()
 	if err == nil && werr != nil && werr != unix.EAGAIN {
 		err = werr
 	}
@@ -121,6 +130,16 @@ func (d *Doorbell) Ring() error {
 		return fmt.Errorf("shmem: Doorbell.Ring: %w", d.closedErr(err))
 	}
 	return nil
+}
+
+// writeRaw is Ring's raw write; wmu is held.
+func (d *Doorbell) writeRaw(fd uintptr) bool {
+	for {
+		_, d.werr = unix.Write(int(fd), eventfdOne)
+		if d.werr != unix.EINTR {
+			return true
+		}
+	}
 }
 
 // Wait blocks until the doorbell is rung or ctx is done, and consumes all
@@ -176,30 +195,53 @@ func (d *Doorbell) Drain() (rung bool, err error) {
 // descriptor to become readable; without, it reports rung == false when the
 // counter is zero.
 func (d *Doorbell) read(block bool) (rung bool, err error) {
-	var buf [8]byte
-	var rerr error
-	err = d.rc.Read(func(fd uintptr) bool {
-		for {
-			_, rerr = unix.Read(int(fd), buf[:])
-			switch rerr {
-			case unix.EINTR:
-				continue
-			case unix.EAGAIN:
-				return !block
-			}
-			return true
-		}
-	})
-	if err != nil {
+	d.rmu.Lock()
+	defer d.rmu.Unlock()
+	d.rblock = block
+	if err := d.rc.Read(d.readFn); err != nil {
 		return false, err
 	}
-	if rerr == unix.EAGAIN {
+	switch d.rerr {
+	case nil:
+		return true, nil
+	case unix.EAGAIN:
 		return false, nil
 	}
-	if rerr != nil {
-		return false, rerr
+	return false, d.rerr
+}
+
+// readRaw is read's raw read; rmu is held.
+func (d *Doorbell) readRaw(fd uintptr) bool {
+	for {
+		_, d.rerr = unix.Read(int(fd), d.rbuf[:])
+		switch d.rerr {
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return !d.rblock
+		}
+		return true
 	}
-	return true, nil
+}
+
+// WaitRung blocks until the doorbell is rung, and consumes all rings so
+// far, like Wait without a context: it returns nil when rung and an error
+// wrapping os.ErrClosed if the doorbell is closed. It allocates nothing,
+// for a poller that sleeps and wakes at every message; such a poller's
+// owner wakes it to stop by ringing.
+func (d *Doorbell) WaitRung() error {
+	for {
+		rung, err := d.read(true)
+		switch {
+		case err == nil && rung:
+			return nil
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			// A deadline left over from a Wait; try again.
+			time.Sleep(time.Millisecond)
+		case err != nil:
+			return fmt.Errorf("shmem: Doorbell.WaitRung: %w", d.closedErr(err))
+		}
+	}
 }
 
 // Close closes the eventfd; a goroutine blocked in Wait returns an error

@@ -244,3 +244,44 @@ func TestDoorbellFromFd(t *testing.T) {
 		t.Fatal("DoorbellFromFd(-1) succeeded")
 	}
 }
+
+// TestDoorbellWaitRung: WaitRung returns once per ring (rings before the
+// wait count too), allocates nothing, and returns os.ErrClosed when the
+// doorbell is closed under it.
+func TestDoorbellWaitRung(t *testing.T) {
+	d := newTestDoorbell(t)
+	for range 20 {
+		done := make(chan error, 1)
+		go func() { done <- d.WaitRung() }()
+		time.Sleep(100 * time.Microsecond)
+		if err := d.Ring(); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	allocs := testing.AllocsPerRun(100, func() {
+		if err := d.Ring(); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.WaitRung(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("Ring + WaitRung: %v allocations", allocs)
+	}
+	done := make(chan error, 1)
+	go func() { done <- d.WaitRung() }()
+	time.Sleep(20 * time.Millisecond)
+	d.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, os.ErrClosed) {
+			t.Fatalf("WaitRung on a closed doorbell = %v, want os.ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("WaitRung did not return after Close")
+	}
+}

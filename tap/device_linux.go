@@ -6,13 +6,16 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/taproce/taproce/internal/netnsutil"
+	"github.com/taproce/taproce/internal/spin"
 )
 
 // Config describes a TAP device to create.
@@ -41,6 +44,7 @@ type Config struct {
 // goroutines; concurrent Writes are serialised.
 type Tap struct {
 	file      *os.File
+	fd        int
 	name      string
 	mtu       int
 	offloaded bool
@@ -55,8 +59,14 @@ type Tap struct {
 	wvErr syscall.Errno
 	wvFn  func(uintptr) bool
 
-	rmu  sync.Mutex
-	rbuf []byte // whole read, header included, when offloaded
+	rmu    sync.Mutex
+	rbuf   []byte // whole read, header included, when offloaded
+	rdst   []byte // the buffer of the read in progress
+	rn     int
+	rerr   error
+	rFn    func(uintptr) bool
+	spin   atomic.Int64 // ns a read busy-polls before it sleeps; <0: forever
+	closed atomic.Bool
 }
 
 // tunPath is the clone device.
@@ -102,17 +112,13 @@ func open(cfg Config) (*Tap, error) {
 		t, err := openFlags(cfg, unix.IFF_VNET_HDR)
 		if err == nil {
 			const offloads = unix.TUN_F_CSUM | unix.TUN_F_USO4 | unix.TUN_F_USO6
-			if err = unix.IoctlSetInt(int(t.file.Fd()), unix.TUNSETOFFLOAD, offloads); err == nil {
+			if err = unix.IoctlSetInt(t.fd, unix.TUNSETOFFLOAD, offloads); err == nil {
 				t.offloaded = true
 				t.super = make([]byte, Headroom+256)
 				t.rbuf = make([]byte, Headroom+maxSuper)
 				t.iov = make([]unix.Iovec, 1+maxSegments)
 				t.wvFn = t.writev
-				if t.raw, err = t.file.SyscallConn(); err == nil {
-					return t, nil
-				}
-				t.file.Close()
-				return nil, fmt.Errorf("tap: %w", err)
+				return t, nil
 			}
 			t.file.Close()
 		}
@@ -147,8 +153,15 @@ func openFlags(cfg Config, extra uint16) (*Tap, error) {
 		}
 	}
 	// A non-blocking fd in os.File goes through the runtime poller, so a
-	// blocked Read returns when the file is closed.
-	return &Tap{file: os.NewFile(uintptr(fd), tunPath), name: ifr.Name(), mtu: 1500, one: make([][]byte, 1)}, nil
+	// sleeping Read returns when the file is closed. The fd stays
+	// non-blocking: reads busy-poll it (SetSpin) or wait in the poller.
+	t := &Tap{file: os.NewFile(uintptr(fd), tunPath), fd: fd, name: ifr.Name(), mtu: 1500, one: make([][]byte, 1)}
+	t.rFn = t.readRaw
+	if t.raw, err = t.file.SyscallConn(); err != nil {
+		t.file.Close()
+		return nil, fmt.Errorf("tap: %w", err)
+	}
+	return t, nil
 }
 
 func configure(h *netlink.Handle, cfg Config) error {
@@ -194,7 +207,73 @@ func (t *Tap) BatchSize() int {
 }
 
 // Close implements Device.
-func (t *Tap) Close() error { return t.file.Close() }
+func (t *Tap) Close() error {
+	t.closed.Store(true)
+	return t.file.Close()
+}
+
+// SetSpin sets how reads wait for frames: a read that finds the device
+// empty busy-polls it for d before it sleeps in the runtime's poller; 0
+// sleeps at once, a negative d never sleeps (a core per reader, for the
+// lowest latency). It may be called while a read waits; that read
+// follows the new setting at its next poll.
+func (t *Tap) SetSpin(d time.Duration) { t.spin.Store(int64(d)) }
+
+// read reads one frame or super-frame into b, waiting as SetSpin says.
+func (t *Tap) read(b []byte) (int, error) {
+	if len(b) == 0 {
+		return 0, ErrShortBuffer
+	}
+	t.rdst = b
+	err := t.raw.Read(t.rFn)
+	t.rdst = nil
+	if err != nil {
+		if t.closed.Load() {
+			return 0, ErrClosed
+		}
+		return 0, mapClosed(err)
+	}
+	if t.rerr != nil {
+		return 0, t.rerr
+	}
+	return t.rn, nil
+}
+
+// readRaw is the raw read of read: it returns false to sleep in the
+// poller until the device is readable, after busy-polling as long as
+// SetSpin says.
+func (t *Tap) readRaw(fd uintptr) bool {
+	var start time.Time
+	var sp spin.Spinner
+	for polls := 0; ; polls++ {
+		n, _, e := unix.Syscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&t.rdst[0])), uintptr(len(t.rdst)))
+		switch e {
+		case 0:
+			t.rn, t.rerr = int(n), nil
+			return true
+		case unix.EAGAIN, unix.EINTR:
+		default:
+			t.rn, t.rerr = 0, fmt.Errorf("tap: read: %w", e)
+			return true
+		}
+		budget := t.spin.Load()
+		if budget == 0 {
+			return false
+		}
+		if t.closed.Load() {
+			t.rn, t.rerr = 0, ErrClosed
+			return true
+		}
+		if budget > 0 {
+			if polls == 0 {
+				start = time.Now()
+			} else if time.Since(start) > time.Duration(budget) {
+				return false
+			}
+		}
+		sp.Idle()
+	}
+}
 
 func mapClosed(err error) error {
 	if errors.Is(err, os.ErrClosed) {
@@ -207,9 +286,9 @@ func mapClosed(err error) error {
 // super-frame, which is split into its datagrams.
 func (t *Tap) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 	if !t.offloaded {
-		n, err := t.file.Read(bufs[0][offset:])
+		n, err := t.read(bufs[0][offset:])
 		if err != nil {
-			return 0, mapClosed(err)
+			return 0, err
 		}
 		sizes[0] = n
 		return 1, nil
@@ -227,9 +306,9 @@ func (t *Tap) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 // into rbuf. t.rmu is held.
 func (t *Tap) readOffloaded() (VirtioNetHdr, []byte, error) {
 	var h VirtioNetHdr
-	n, err := t.file.Read(t.rbuf)
+	n, err := t.read(t.rbuf)
 	if err != nil {
-		return h, nil, mapClosed(err)
+		return h, nil, err
 	}
 	if n < VirtioNetHdrLen {
 		return h, nil, fmt.Errorf("tap: read %d bytes, shorter than the virtio-net header", n)
@@ -250,9 +329,9 @@ func (t *Tap) ReadEach(fn func(frame []byte)) (int, error) {
 		if t.rbuf == nil {
 			t.rbuf = make([]byte, maxSuper)
 		}
-		n, err := t.file.Read(t.rbuf)
+		n, err := t.read(t.rbuf)
 		if err != nil {
-			return 0, mapClosed(err)
+			return 0, err
 		}
 		fn(t.rbuf[:n])
 		return 1, nil

@@ -9,6 +9,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
+	"github.com/taproce/taproce/internal/netnsutil"
 	"github.com/taproce/taproce/internal/testnet"
 )
 
@@ -64,29 +65,107 @@ func TestCreateInNamespace(t *testing.T) {
 	}
 }
 
-// TestReadUnblocksOnClose: a Read blocked on an idle TAP returns ErrClosed
-// when the device is closed.
+// readModes are the ways a read can wait: sleeping in the poller at once,
+// busy-polling briefly first, busy-polling forever.
+var readModes = []struct {
+	name string
+	spin time.Duration
+}{{"block", 0}, {"adaptive", 50 * time.Microsecond}, {"spin", -1}}
+
+// TestReadUnblocksOnClose: a Read waiting on an idle TAP returns ErrClosed
+// when the device is closed, however it waits.
 func TestReadUnblocksOnClose(t *testing.T) {
 	_, path := testnet.Namespace(t)
-	dev, err := Create(Config{Name: "idle0", Netns: path, Down: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() {
-		bufs := [][]byte{make([]byte, 2048)}
-		_, err := dev.Read(bufs, []int{0}, Headroom)
-		done <- err
-	}()
-	time.Sleep(50 * time.Millisecond)
-	dev.Close()
-	select {
-	case err := <-done:
-		if err != ErrClosed {
-			t.Fatalf("Read returned %v, want ErrClosed", err)
+	for _, m := range readModes {
+		for _, offload := range []bool{false, true} {
+			dev, err := Create(Config{Name: "idle0", Netns: path, Down: true, Offload: offload})
+			if err != nil {
+				t.Fatal(err)
+			}
+			dev.SetSpin(m.spin)
+			done := make(chan error, 1)
+			go func() {
+				bufs := [][]byte{make([]byte, 2048)}
+				_, err := dev.Read(bufs, []int{0}, Headroom)
+				done <- err
+			}()
+			time.Sleep(50 * time.Millisecond)
+			dev.Close()
+			select {
+			case err := <-done:
+				if err != ErrClosed {
+					t.Fatalf("%s, offload %v: Read returned %v, want ErrClosed", m.name, offload, err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("%s, offload %v: Read still waiting after Close", m.name, offload)
+			}
 		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Read still blocked after Close")
+	}
+}
+
+// TestReadModes: with each way of waiting, a read returns the frame the
+// namespace's kernel sends out of the TAP (the ARP request for a
+// neighbour on the TAP's subnet), whether it was there before the read
+// or came while the read waited.
+func TestReadModes(t *testing.T) {
+	_, path := testnet.Namespace(t)
+	for _, m := range readModes {
+		for _, offload := range []bool{false, true} {
+			dev, err := Create(Config{Name: "rd0", Netns: path, Offload: offload})
+			if err != nil {
+				t.Fatal(err)
+			}
+			dev.SetSpin(m.spin)
+			err = netnsutil.Do(path, func(h *netlink.Handle) error {
+				l, err := h.LinkByName("rd0")
+				if err != nil {
+					return err
+				}
+				return h.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: net.IPv4(10, 77, 0, 1), Mask: net.CIDRMask(24, 32)}})
+			})
+			if err != nil {
+				dev.Close()
+				t.Fatal(err)
+			}
+			got := make(chan []byte, 1)
+			go func() {
+				buf := make([]byte, Headroom+maxSuper)
+				for {
+					n, err := dev.Read([][]byte{buf}, []int{0}, Headroom)
+					if err != nil {
+						close(got)
+						return
+					}
+					if f := buf[Headroom:]; n == 1 && f[12] == 0x08 && f[13] == 0x06 { // IPv6 neighbour discovery may come first
+						got <- f[:42]
+						return
+					}
+				}
+			}()
+			time.Sleep(20 * time.Millisecond) // the read waits (spins or sleeps) first
+			err = netnsutil.Do(path, func(*netlink.Handle) error {
+				c, err := net.Dial("udp4", "10.77.0.2:9")
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				_, err = c.Write([]byte("x"))
+				return err
+			})
+			if err != nil {
+				dev.Close()
+				t.Fatal(err)
+			}
+			select {
+			case f, ok := <-got:
+				if !ok || !bytes.Equal(f[38:42], []byte{10, 77, 0, 2}) {
+					t.Errorf("%s, offload %v: read %x, want the ARP request for 10.77.0.2", m.name, offload, f)
+				}
+			case <-time.After(5 * time.Second):
+				t.Errorf("%s, offload %v: no frame read", m.name, offload)
+			}
+			dev.Close()
+		}
 	}
 }
 

@@ -1,6 +1,7 @@
 package control
 
 import (
+	"github.com/taproce/taproce/internal/spin"
 	"runtime"
 	"time"
 
@@ -45,9 +46,18 @@ type batch struct {
 	rsges [postBatch][abi.MaxSGE]transport.SGE
 }
 
-// spinFor is how long the adaptive poller keeps looking after its last
-// work before it sleeps on the doorbell.
-const spinFor = 50 * time.Microsecond
+// spinFor is how long the adaptive poller (and an adaptive port's
+// reader) keeps looking after its last work before it sleeps: 50 µs on a
+// machine with cores to spare; none on a smaller one, where every
+// appliance goroutine that spins takes the core a client or another
+// reader needs (measured with BenchmarkLabSpeed on 2 cores: adaptive
+// with 50 µs was slower than block).
+var spinFor = func() time.Duration {
+	if runtime.NumCPU() >= 4 {
+		return 50 * time.Microsecond
+	}
+	return 0
+}()
 
 // poll moves the client's posts from its rings to the transport until the
 // session ends, sleeping on the doorbell when there is nothing to do.
@@ -56,6 +66,7 @@ func (ss *session) poll() {
 	b := new(batch)
 	mode := ss.srv.cfg.Poll
 	var idleSince time.Time
+	var sp spin.Spinner
 	spins := 0
 	for ss.ctx.Err() == nil {
 		if ss.drain(b) {
@@ -64,14 +75,14 @@ func (ss *session) poll() {
 		}
 		switch mode {
 		case PollSpin:
-			runtime.Gosched()
+			sp.Idle()
 			continue
 		case PollAdaptive:
 			// Look at the clock only now and then: the spin is cheap, the
 			// clock is not.
 			spins++
 			if spins%32 != 1 {
-				runtime.Gosched()
+				sp.Idle()
 				continue
 			}
 			now := time.Now()
@@ -79,13 +90,13 @@ func (ss *session) poll() {
 				idleSince = now
 			}
 			if now.Sub(idleSince) < spinFor {
-				runtime.Gosched()
+				sp.Idle()
 				continue
 			}
 		}
 		if ss.prepareSleep() {
-			_ = ss.kick.Wait(ss.ctx)
-			_, _ = ss.kick.Drain()
+			// Consumes the rings; teardown rings to stop the poller.
+			_ = ss.kick.WaitRung()
 		}
 		ss.cancelSleep()
 		idleSince, spins = time.Time{}, 0

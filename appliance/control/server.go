@@ -104,6 +104,30 @@ func ParsePollMode(s string) (PollMode, error) {
 	return 0, fmt.Errorf("control: poll mode %q: want block, spin or adaptive", s)
 }
 
+// String returns the mode as ParsePollMode reads it.
+func (m PollMode) String() string {
+	switch m {
+	case PollBlock:
+		return "block"
+	case PollSpin:
+		return "spin"
+	}
+	return "adaptive"
+}
+
+// Spin is how long a waiter of this mode busy-polls before it sleeps: 0
+// for PollBlock, a short while for PollAdaptive, forever (negative) for
+// PollSpin. The appliance's ports read their TAPs the same way.
+func (m PollMode) Spin() time.Duration {
+	switch m {
+	case PollBlock:
+		return 0
+	case PollSpin:
+		return -1
+	}
+	return spinFor
+}
+
 // Config describes a control server.
 type Config struct {
 	// Socket is the path to listen on (default DefaultSocket).

@@ -270,7 +270,7 @@ var (
 
 // taproceBinary builds the taproce command once per test run, for the
 // lab's client processes.
-func taproceBinary(t *testing.T) string {
+func taproceBinary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "taproce-bin-")

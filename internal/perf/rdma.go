@@ -3,6 +3,7 @@ package perf
 import (
 	"context"
 	"fmt"
+	"github.com/taproce/taproce/internal/spin"
 	"math/rand/v2"
 	"net/netip"
 	"runtime"
@@ -33,6 +34,7 @@ type rdma struct {
 	pd       *verbs.PD
 	mr       *verbs.MR
 	scq, rcq *verbs.CQ
+	ch       *verbs.CompChannel // both CQs' events, for waits that sleep
 	qps      []*verbs.QP
 	psn      []uint32
 	rem      []Dest
@@ -108,10 +110,13 @@ func newRDMA(ctx context.Context, vc *verbs.Context, p *params, rc rdmaConfig) (
 			*(*uint64)(unsafe.Pointer(&b[i])) = rand.Uint64()
 		}
 	}
-	if d.scq, err = vc.CreateCQ(ctx, max(p.tx*p.QPs, 16), nil); err != nil {
+	if d.ch, err = vc.CreateCompChannel(ctx); err != nil {
 		return fail(err)
 	}
-	if d.rcq, err = vc.CreateCQ(ctx, max(p.rx*p.QPs, 16), nil); err != nil {
+	if d.scq, err = vc.CreateCQ(ctx, max(p.tx*p.QPs, 16), d.ch); err != nil {
+		return fail(err)
+	}
+	if d.rcq, err = vc.CreateCQ(ctx, max(p.rx*p.QPs, 16), d.ch); err != nil {
 		return fail(err)
 	}
 	qpAccess := verbs.AccessRemoteWrite
@@ -150,6 +155,9 @@ func (d *rdma) close() {
 		if cq != nil {
 			_ = cq.Destroy(ctx)
 		}
+	}
+	if d.ch != nil {
+		_ = d.ch.Destroy(ctx)
 	}
 	if d.mr != nil {
 		_ = d.mr.Dereg(ctx)
@@ -200,30 +208,46 @@ func (d *rdma) connect(rem []Dest) error {
 	return nil
 }
 
-// waiter paces the polling loops: it yields while nothing happens, then
-// after spinFor sleeps a little between polls (so that a slow peer, such
-// as a VM on the same cores, is not starved by a spinning neighbour), and
-// fails when nothing has happened for the idle timeout or the context
-// ends.
+// waiter paces the polling loops. It busy-polls while nothing happens,
+// giving way to other threads between polls, then — after spinFor — it
+// sleeps: on the completion channel when the loop waits for completions
+// (the CQs armed first, as an application using events would, so the
+// next completion wakes it), otherwise a little between polls (a loop
+// watching memory, as write_lat does). It fails when nothing has happened
+// for the idle timeout or the context ends.
 type waiter struct {
 	ctx      context.Context
 	idle     time.Duration
 	empty    int
 	since    time.Time
 	sleeping bool
+	// cqs and ch, when set, are the CQs the loop polls and their channel.
+	cqs   []*verbs.CQ
+	ch    *verbs.CompChannel
+	armed bool
+	spin  spin.Spinner
 }
 
-// spinFor is how long a waiter spins before it starts sleeping: longer
-// with cores to spare, shorter on a small machine, where the appliance
-// (or a VM) needs the core a spinning client would take.
+// spinFor is how long a waiter busy-polls before it sleeps: long with
+// cores to spare; short on a small machine, where the appliance (or a VM,
+// or the peer) needs the core a polling client would take, and a wakeup
+// costs less than the time slices a crowd of pollers shares out.
 var spinFor = func() time.Duration {
 	if runtime.NumCPU() >= 4 {
 		return time.Millisecond
 	}
-	return 200 * time.Microsecond
+	return 20 * time.Microsecond
 }()
 
 func newWaiter(ctx context.Context, idle time.Duration) *waiter { return &waiter{ctx: ctx, idle: idle} }
+
+// cqWaiter is a waiter for loops that poll the test's CQs: it sleeps on
+// their completion channel.
+func (d *rdma) cqWaiter() *waiter {
+	w := newWaiter(d.ctx, d.p.IdleTimeout)
+	w.cqs, w.ch = []*verbs.CQ{d.scq, d.rcq}, d.ch
+	return w
+}
 
 // progress records that something happened.
 func (w *waiter) progress() { w.empty = 0 }
@@ -244,10 +268,29 @@ func (w *waiter) wait(what string) error {
 		}
 		w.sleeping = waited > spinFor
 	}
-	if w.sleeping {
+	switch {
+	case !w.sleeping:
+		w.spin.Idle()
+	case w.ch != nil && !w.armed:
+		// Arm, then let the loop poll once more: a completion that came
+		// before the arming is seen by that poll.
+		for _, cq := range w.cqs {
+			if err := cq.ReqNotify(false); err != nil {
+				return fmt.Errorf("perf: %s: %w", what, err)
+			}
+		}
+		w.armed = true
+	case w.ch != nil:
+		ctx, cancel := context.WithDeadline(w.ctx, w.since.Add(w.idle))
+		_, err := w.ch.Wait(ctx)
+		cancel()
+		w.armed = false
+		if err != nil && w.ctx.Err() != nil {
+			return fmt.Errorf("perf: %s: %w", what, w.ctx.Err())
+		}
+		// Woken (or at the idle deadline, which the next wait reports).
+	default:
 		time.Sleep(20 * time.Microsecond)
-	} else {
-		runtime.Gosched()
 	}
 	return nil
 }
@@ -444,7 +487,7 @@ func (d *rdma) runBW(size int) (*Result, error) {
 	now := func() int64 { return int64(time.Since(origin)) }
 	clk := d.newClock(origin)
 	clk.begin(origin)
-	w := newWaiter(d.ctx, p.IdleTimeout)
+	w := d.cqWaiter()
 	var totscnt, totccnt, counted uint64
 	if p.noPeak && !p.duration {
 		posted[0] = now()
@@ -557,7 +600,7 @@ func (d *rdma) runBWServer(size int) (*Result, error) {
 	}
 	origin := time.Now()
 	clk := d.newClock(origin)
-	w := newWaiter(d.ctx, p.IdleTimeout)
+	w := d.cqWaiter()
 	var rcnt, counted uint64
 	var first, last int64
 	firstRx := true
@@ -749,7 +792,7 @@ func (d *rdma) runLat(size int) (*Result, error) {
 	origin := time.Now()
 	clk := d.newClock(origin)
 	clk.begin(origin)
-	w := newWaiter(d.ctx, p.IdleTimeout)
+	w := d.cqWaiter()
 	var scnt, counted uint64
 	for scnt < iters || p.duration && clk.state(time.Now()) != stEnd {
 		if !p.duration {
@@ -794,7 +837,7 @@ func (d *rdma) runLatSend(size int) (*Result, error) {
 	posted := make([]int64, max(iters, 1))
 	origin := time.Now()
 	clk := d.newClock(origin)
-	w := newWaiter(d.ctx, p.IdleTimeout)
+	w := d.cqWaiter()
 	sizePerQP := uint64(p.rx)
 	var scnt, rcnt, counted uint64
 	firstRx := true

@@ -1,0 +1,251 @@
+package lab
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"time"
+
+	"github.com/taproce/taproce/appliance/control"
+	"github.com/taproce/taproce/internal/netnsutil"
+	"github.com/taproce/taproce/tap"
+)
+
+// SpeedOptions says what Speed measures.
+type SpeedOptions struct {
+	// Prefix of the lab's namespaces.
+	Prefix string
+	// Poll is how the appliance waits: on its TAPs and on its clients'
+	// rings.
+	Poll control.PollMode
+	// Binary is the taproce executable the perf client processes run.
+	Binary string
+	// Socket is the appliance's control socket (default DefaultSocket).
+	Socket string
+	// BWIters and LatIters are the iterations of the perf runs (defaults
+	// 5000 and 5000); TCPBytes what the TCP baseline moves (256 MiB);
+	// RawRounds the round trips of the raw ping-pong (20000).
+	BWIters, LatIters, TCPBytes, RawRounds int
+}
+
+// SpeedResult is what Speed measured, every figure next to its baseline
+// from the same run and the same veth.
+type SpeedResult struct {
+	Poll control.PollMode
+	// WriteBW is `taproce perf write_bw -s 65536` between the two hosts'
+	// client processes, TCP one TCP stream between the hosts' kernels over
+	// the same veth; both in bytes per second.
+	WriteBW, TCP float64
+	// SendLat is `taproce perf send_lat -s 2`'s typical (median) half
+	// round trip; Raw the median half round trip of a frame bounced
+	// between two bare TAPs, one on each host's bridge, read the way the
+	// appliance reads (sleeping in block mode, busy-polling otherwise).
+	SendLat, Raw time.Duration
+	// RawSpin tells whether the raw ping-pong busy-polled.
+	RawSpin bool
+}
+
+// BWRatio is WriteBW over TCP.
+func (r *SpeedResult) BWRatio() float64 { return r.WriteBW / r.TCP }
+
+// LatRatio is SendLat over Raw.
+func (r *SpeedResult) LatRatio() float64 { return float64(r.SendLat) / float64(r.Raw) }
+
+// Speed builds a two-host lab (MTU 9000, super-frames) whose appliance
+// waits as o.Poll says, and measures its TAP path against baselines taken
+// in the same run: RDMA WRITE bandwidth against TCP over the same veth,
+// and SEND latency against a raw frame ping-pong between two TAPs.
+func Speed(ctx context.Context, o SpeedOptions) (*SpeedResult, error) {
+	if o.Prefix == "" {
+		o.Prefix = DefaultPrefix
+	}
+	if o.BWIters == 0 {
+		o.BWIters = 5000
+	}
+	if o.LatIters == 0 {
+		o.LatIters = 5000
+	}
+	if o.TCPBytes == 0 {
+		o.TCPBytes = 256 << 20
+	}
+	if o.RawRounds == 0 {
+		o.RawRounds = 20000
+	}
+	l, err := Build(Topology{Prefix: o.Prefix, Hosts: 2, MTU: 9000, Offload: true, Poll: o.Poll, Socket: o.Socket})
+	if err != nil {
+		return nil, err
+	}
+	defer l.Close()
+	a, b := l.Hosts[0], l.Hosts[1]
+	res := &SpeedResult{Poll: o.Poll, RawSpin: o.Poll.Spin() != 0}
+
+	// While the baselines run, the appliance's own readers sleep, so that
+	// they take no core from them.
+	for _, h := range l.Hosts {
+		h.Port.Device().(*tap.Tap).SetSpin(0)
+	}
+	if res.TCP, err = TCPThroughput(a, b, o.TCPBytes); err != nil {
+		return nil, fmt.Errorf("lab: TCP baseline: %w", err)
+	}
+	spin := time.Duration(0)
+	if res.RawSpin {
+		spin = -1
+	}
+	if res.Raw, err = RawPingPong(a, b, o.RawRounds, spin); err != nil {
+		return nil, err
+	}
+	for _, h := range l.Hosts {
+		h.Port.Device().(*tap.Tap).SetSpin(o.Poll.Spin())
+	}
+
+	if err := l.App.Control().Listen(); err != nil {
+		return nil, fmt.Errorf("lab: control socket: %w", err)
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- l.App.Serve(sctx) }()
+	defer func() { cancel(); <-done }()
+	run := func(test string, size, iters int) (perfRow, error) {
+		args := []string{"perf", test, "-x", "1", "-s", fmt.Sprint(size), "-n", fmt.Sprint(iters), "--json"}
+		srv := append(append([]string{}, args...), "-d", b.Device)
+		cli := append(append([]string{}, args...), "-d", a.Device)
+		_, out, err := l.pair(ctx, o.Binary, a, b, srv, cli, nil, 120*time.Second)
+		row := perfRow{run: perfRun{test, size, iters}}
+		if err != nil {
+			return row, fmt.Errorf("lab: perf %s: %w", test, err)
+		}
+		row.ok, row.bw, row.rate, row.lat, row.detail = parsePerfJSON(out)
+		if !row.ok {
+			return row, fmt.Errorf("lab: perf %s: %s", test, row.detail)
+		}
+		return row, nil
+	}
+	bw, err := run("write_bw", 65536, o.BWIters)
+	if err != nil {
+		return nil, err
+	}
+	res.WriteBW = bw.bw * (1 << 20)
+	lat, err := run("send_lat", 2, o.LatIters)
+	if err != nil {
+		return nil, err
+	}
+	res.SendLat = time.Duration(lat.lat * float64(time.Microsecond))
+	return res, nil
+}
+
+// rawMAC is the address of the raw ping-pong's TAP in host i.
+func rawMAC(i int) net.HardwareAddr { return net.HardwareAddr{0x02, 0x72, 0x61, 0x77, 0x00, byte(i)} }
+
+// rawFrameMax is the largest frame the raw ping-pong's TAPs deliver.
+const rawFrameMax = 14 + 9000
+
+// rawEtherType marks the raw ping-pong's frames (IEEE local experimental).
+const rawEtherType = 0x88B5
+
+// RawPingPong bounces a minimum-size frame between two bare TAPs, one on
+// each host's bridge (TAP → bridge → veth → bridge → TAP, the path of the
+// ports' frames), rounds times, and returns the median half round trip.
+// spin is how the TAPs' reads wait (tap.Tap.SetSpin): 0 sleeps, negative
+// busy-polls.
+func RawPingPong(a, b *Host, rounds int, spin time.Duration) (time.Duration, error) {
+	ta, err := rawTAP(a, spin)
+	if err != nil {
+		return 0, err
+	}
+	defer ta.Close()
+	tb, err := rawTAP(b, spin)
+	if err != nil {
+		return 0, err
+	}
+	defer tb.Close()
+
+	// The echo side: every frame for its MAC goes back to its source.
+	echoed := make(chan error, 1)
+	go func() {
+		buf := make([]byte, tap.Headroom+rawFrameMax)
+		bufs, sizes := [][]byte{buf}, []int{0}
+		for {
+			n, err := tb.Read(bufs, sizes, tap.Headroom)
+			if err != nil {
+				if errors.Is(err, tap.ErrClosed) {
+					err = nil
+				}
+				echoed <- err
+				return
+			}
+			f := buf[tap.Headroom : tap.Headroom+sizes[0]]
+			if n != 1 || len(f) < 14 || !slices.Equal(f[:6], rawMAC(b.Index)) {
+				continue
+			}
+			copy(f[:6], f[6:12])
+			copy(f[6:12], rawMAC(b.Index))
+			if _, err := tb.Write([][]byte{buf[:tap.Headroom+len(f)]}, tap.Headroom); err != nil {
+				echoed <- err
+				return
+			}
+		}
+	}()
+	frame := make([]byte, tap.Headroom+60)
+	f := frame[tap.Headroom:]
+	copy(f[:6], rawMAC(b.Index))
+	copy(f[6:12], rawMAC(a.Index))
+	binary.BigEndian.PutUint16(f[12:14], rawEtherType)
+	buf := make([]byte, tap.Headroom+rawFrameMax)
+	bufs, sizes := [][]byte{buf}, []int{0}
+	// The first round trips teach the bridges where the MACs are.
+	const warm = 100
+	rtts := make([]time.Duration, 0, rounds)
+	// A frame lost for good ends the run instead of hanging it.
+	watchdog := time.AfterFunc(30*time.Second+time.Duration(rounds)*time.Millisecond, func() { ta.Close() })
+	defer watchdog.Stop()
+	for i := 0; i < warm+rounds; i++ {
+		binary.BigEndian.PutUint32(f[14:18], uint32(i))
+		start := time.Now()
+		if _, err := ta.Write([][]byte{frame}, tap.Headroom); err != nil {
+			return 0, fmt.Errorf("lab: raw ping-pong: %w", err)
+		}
+		for {
+			n, err := ta.Read(bufs, sizes, tap.Headroom)
+			if err != nil {
+				return 0, fmt.Errorf("lab: raw ping-pong, round %d: %w", i, err)
+			}
+			g := buf[tap.Headroom : tap.Headroom+sizes[0]]
+			if n == 1 && len(g) >= 18 && slices.Equal(g[:6], rawMAC(a.Index)) && binary.BigEndian.Uint32(g[14:18]) == uint32(i) {
+				break
+			}
+		}
+		if i >= warm {
+			rtts = append(rtts, time.Since(start))
+		}
+	}
+	ta.Close()
+	tb.Close()
+	if err := <-echoed; err != nil {
+		return 0, fmt.Errorf("lab: raw ping-pong echo: %w", err)
+	}
+	slices.Sort(rtts)
+	return rtts[len(rtts)/2] / 2, nil
+}
+
+// rawTAP opens the raw ping-pong's TAP in host h and puts it on h's
+// bridge.
+func rawTAP(h *Host, spin time.Duration) (*tap.Tap, error) {
+	const name = "rawpp0"
+	// The device has an address of its own: a bridge keeps frames for
+	// one of its ports' addresses for itself.
+	devMAC := rawMAC(h.Index)
+	devMAC[4] = 0xD
+	t, err := tap.Create(tap.Config{Name: name, Netns: netnsutil.Path(h.Namespace), MAC: devMAC, MTU: 9000})
+	if err != nil {
+		return nil, fmt.Errorf("lab: raw ping-pong: %w", err)
+	}
+	if err := netnsutil.AttachToBridge(netnsutil.Path(h.Namespace), name, h.Bridge); err != nil {
+		t.Close()
+		return nil, fmt.Errorf("lab: raw ping-pong: %w", err)
+	}
+	t.SetSpin(spin)
+	return t, nil
+}

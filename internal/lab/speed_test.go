@@ -1,0 +1,64 @@
+package lab
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/taproce/taproce/appliance/control"
+	"github.com/taproce/taproce/internal/testnet"
+)
+
+// BenchmarkLabSpeed measures the lab's TAP path between two namespaces'
+// client processes against baselines from the same run (see Speed), with
+// the appliance blocking, adaptive and spinning. Metrics: bw/tcp, the
+// `taproce perf write_bw` 64 KiB bandwidth over TCP's on the same veth
+// (target ≥ 1.0), and lat/raw, `taproce perf send_lat` 2 B's median half
+// round trip over a raw frame ping-pong's between two TAPs (target ≤ 3.0).
+// Each run measures once, whatever b.N: run it with -benchtime 1x.
+func BenchmarkLabSpeed(b *testing.B) {
+	testnet.RequireRoot(b)
+	bin := taproceBinary(b)
+	for _, mode := range []control.PollMode{control.PollBlock, control.PollAdaptive, control.PollSpin} {
+		b.Run(mode.String(), func(b *testing.B) {
+			for range b.N {
+				r, err := Speed(b.Context(), SpeedOptions{Prefix: testnet.Name() + "-", Poll: mode, Binary: bin,
+					Socket: filepath.Join(b.TempDir(), "lab.sock")})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(r.WriteBW/1e6, "write_bw-MB/s")
+				b.ReportMetric(r.TCP/1e6, "tcp-MB/s")
+				b.ReportMetric(r.BWRatio(), "bw/tcp")
+				b.ReportMetric(float64(r.SendLat.Nanoseconds())/1e3, "send_lat-µs")
+				b.ReportMetric(float64(r.Raw.Nanoseconds())/1e3, "raw-µs")
+				b.ReportMetric(r.LatRatio(), "lat/raw")
+			}
+		})
+	}
+}
+
+// TestSpeed runs Speed briefly in each poll mode: every figure measured,
+// and the ratios computed from them.
+func TestSpeed(t *testing.T) {
+	testnet.RequireRoot(t)
+	if testing.Short() {
+		t.Skip("builds a lab and runs client processes")
+	}
+	bin := taproceBinary(t)
+	for _, mode := range []control.PollMode{control.PollBlock, control.PollSpin} {
+		t.Run(mode.String(), func(t *testing.T) {
+			r, err := Speed(t.Context(), SpeedOptions{Prefix: testnet.Name() + "-", Poll: mode, Binary: bin,
+				Socket: filepath.Join(t.TempDir(), "lab.sock"), BWIters: 200, LatIters: 200, TCPBytes: 16 << 20, RawRounds: 200})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%+v bw/tcp %.2f lat/raw %.2f", r, r.BWRatio(), r.LatRatio())
+			if r.WriteBW <= 0 || r.TCP <= 0 || r.SendLat <= 0 || r.Raw <= 0 || r.Poll != mode || r.RawSpin != (mode == control.PollSpin) {
+				t.Errorf("result %+v", r)
+			}
+			if r.BWRatio() != r.WriteBW/r.TCP || r.LatRatio() != float64(r.SendLat)/float64(r.Raw) {
+				t.Errorf("ratios %v %v", r.BWRatio(), r.LatRatio())
+			}
+		})
+	}
+}
