@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -386,5 +387,49 @@ func TestPortEvents(t *testing.T) {
 		if pa.State != step.state {
 			t.Fatalf("port state %d, want %d", pa.State, step.state)
 		}
+	}
+}
+
+// TestRecvFlushInError: receives posted to a QP in ERROR complete at once
+// with WR_FLUSH_ERR, as libibverbs has it — whether posted before the QP
+// failed, just after, or while the appliance's poller sleeps (clients ring
+// for receive posts only in ERROR), in each poll mode.
+func TestRecvFlushInError(t *testing.T) {
+	for _, mode := range []control.PollMode{control.PollBlock, control.PollAdaptive, control.PollSpin} {
+		t.Run(mode.String(), func(t *testing.T) {
+			r := newRigOpts(t, true, 1500, mode)
+			ctx := testCtx(t)
+			a := newEnd(t, r.ca, verbs.RC, 4096)
+			must(t, a.qp.Modify(ctx, &verbs.QPAttr{State: verbs.QPSInit, Port: 1}, verbs.QPStateMask|verbs.QPPKeyIndex|verbs.QPPort|verbs.QPAccessFlags))
+			post := func(id uint64) {
+				t.Helper()
+				if _, err := a.qp.PostRecv([]verbs.RecvWR{{ID: id, SGL: []verbs.SGE{a.mr.SGE(0, 8)}}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			post(1) // in INIT: waits in the queue
+			must(t, a.qp.Modify(ctx, &verbs.QPAttr{State: verbs.QPSErr}, verbs.QPStateMask))
+			post(2)                           // just after the failure
+			time.Sleep(20 * time.Millisecond) // the poller sleeps
+			post(3)
+			wcs := make([]verbs.WC, 4)
+			var got []uint64
+			deadline := time.Now().Add(5 * time.Second)
+			for len(got) < 3 && time.Now().Before(deadline) {
+				k := a.cq.Poll(wcs)
+				for _, wc := range wcs[:max(k, 0)] {
+					if wc.Status != verbs.WCWRFlushErr || wc.Opcode != verbs.WCRecv {
+						t.Errorf("completion %+v, want a flushed receive", wc)
+					}
+					got = append(got, wc.ID)
+				}
+				if k == 0 {
+					time.Sleep(100 * time.Microsecond)
+				}
+			}
+			if !slices.Equal(got, []uint64{1, 2, 3}) {
+				t.Fatalf("flushed receives %v, want [1 2 3]", got)
+			}
+		})
 	}
 }

@@ -356,6 +356,9 @@ type qpObj struct {
 	smu  sync.Mutex // guards the region against the engine's callbacks
 	dead bool
 	rmu  sync.Mutex // one consumer of the receive ring: the poller or Refill
+	// wake rings the session's poller (when the QP enters ERROR: the
+	// receives posted since must be flushed).
+	wake func()
 }
 
 // refill adds the receive WQEs waiting in the shared ring straight to the
@@ -396,13 +399,25 @@ func (q *qpObj) close() {
 	q.region.Close()
 }
 
-// stateChanged publishes the QP's state (an engine callback).
+// stateChanged publishes the QP's state (an engine callback). A QP
+// entering ERROR wakes the poller, which then flushes the receives posted
+// since and has the client ring for later ones (prepareSleep).
 func (q *qpObj) stateChanged(st transport.QPState) {
 	q.smu.Lock()
 	defer q.smu.Unlock()
 	if !q.dead {
 		abi.Word32(q.state, abi.QPStateWord).Store(uint32(st))
+		if st == transport.StateErr && q.wake != nil {
+			q.wake()
+		}
 	}
+}
+
+// inError reports whether the QP's published state is ERROR.
+func (q *qpObj) inError() bool {
+	q.smu.Lock()
+	defer q.smu.Unlock()
+	return !q.dead && abi.Word32(q.state, abi.QPStateWord).Load() == uint32(transport.StateErr)
 }
 
 // retired publishes the retire counts (an engine callback).
@@ -477,6 +492,9 @@ func (ss *session) createQP(r *abi.CreateQPRequest) (*abi.CreateQPReply, int, er
 		return nil, 0, fmt.Errorf("rings: %v %v", err1, err2)
 	}
 	q := &qpObj{pd: pd, scq: scq, rcq: rcq, srq: srq, region: region, sq: sq, rq: rq, state: mem[:abi.StateBytes], typ: typ, caps: c}
+	if kick := ss.kick; kick != nil {
+		q.wake = func() { _ = kick.Ring() }
+	}
 	cfg := transport.QPConfig{Type: typ, PD: pd.pd, SendCQ: scq.tcq, RecvCQ: rcq.tcq,
 		MaxSendWR: int(c.MaxSendWR), MaxRecvWR: int(c.MaxRecvWR), MaxInline: abi.MaxInline, SigAll: r.SigAll != 0,
 		OnRetire: q.retired, OnState: q.stateChanged, Refill: q.refill}

@@ -103,21 +103,24 @@ func (ss *session) poll() {
 	}
 }
 
-// prepareSleep tells every ring's producer to ring the doorbell, then
-// looks once more: it reports whether all are still empty.
+// prepareSleep tells the producers of the rings whose posts need the
+// poller to ring the doorbell, then looks once more: it reports whether
+// all rings are still empty. Receive posts need no poller while the QP
+// works — the transport takes receive WQEs from the ring itself when a
+// message finds its queue empty (Refill) — so clients ring for them only
+// when the QP is in ERROR, where a posted receive completes with a flush
+// status at once. Sparing those rings saves a wakeup per message.
 func (ss *session) prepareSleep() bool {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	for _, w := range *ss.rings.Load() {
 		if w.q != nil {
 			w.q.sq.PrepareSleep()
-			w.q.rmu.Lock() // the receive ring's consumer is shared with Refill
-			w.q.rq.PrepareSleep()
-			w.q.rmu.Unlock()
-		} else {
-			w.srq.rmu.Lock()
-			w.srq.rq.PrepareSleep()
-			w.srq.rmu.Unlock()
+			if w.q.inError() {
+				w.q.rmu.Lock() // the receive ring's consumer is shared with Refill
+				w.q.rq.PrepareSleep()
+				w.q.rmu.Unlock()
+			}
 		}
 	}
 	for _, w := range *ss.rings.Load() {

@@ -1,12 +1,16 @@
 package lab
 
 import (
+	"errors"
+	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/taproce/taproce/appliance/control"
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/appliance/transport"
 	"github.com/taproce/taproce/internal/netnsutil"
@@ -239,4 +243,111 @@ func BenchmarkLabWrite64K(b *testing.B) {
 	b.ReportMetric(rdma/1e6, "rdma-MB/s")
 	b.ReportMetric(tcp/1e6, "tcp-MB/s")
 	b.ReportMetric(rdma/tcp, "rdma/tcp")
+}
+
+// BenchmarkLabSendPingPong is a 2-byte SEND ping-pong between two lab
+// namespaces' transport engines (no client processes: each side a
+// goroutine woken by its CQs), over the TAP path, next to a raw frame
+// ping-pong between two bare TAPs on the same bridges, both sleeping
+// between frames. Metrics: the median half round trip of each (µs) and
+// engine/raw, their ratio: what the appliance's own path costs, without
+// the client processes of BenchmarkLabSpeed.
+func BenchmarkLabSendPingPong(b *testing.B) {
+	testnet.RequireRoot(b)
+	l, err := Build(Topology{Prefix: testnet.Name() + "-", Hosts: 2, MTU: 9000, Offload: true, Poll: control.PollBlock})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	A, B := l.Hosts[0], l.Hosts[1]
+	raw, err := RawPingPong(A, B, max(b.N, 1000), 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	rp, err := connectRC(b.Context(), A.NIC.Engine(), B.NIC.Engine(), A, B, 1<<20)
+	if err != nil {
+		b.Fatal(err)
+	}
+	recv := func(qp *transport.QP, mr *transport.MR) error {
+		_, err := qp.PostRecv([]transport.RecvWR{{ID: 1, SGL: []transport.SGE{{Addr: rdmaBase, Length: 64, LKey: mr.LKey}}}})
+		return err
+	}
+	send := []transport.SendWR{{ID: 2, Opcode: transport.OpSend, Flags: transport.SendSignaled | transport.SendInline, Inline: []byte("pp")}}
+	for range 4 {
+		if err := errors.Join(recv(rp.qa, rp.mra), recv(rp.qb, rp.mrb)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	// B echoes every message, woken by its CQs.
+	stop := make(chan struct{})
+	echoed := make(chan error, 1)
+	go func() {
+		wcs := make([]transport.WC, 8)
+		for {
+			k := rp.rcqb.Poll(wcs)
+			for _, wc := range wcs[:k] {
+				if wc.Status != transport.WCSuccess {
+					echoed <- fmt.Errorf("B: %+v", wc)
+					return
+				}
+				if err := recv(rp.qb, rp.mrb); err != nil {
+					echoed <- err
+					return
+				}
+				if _, err := rp.qb.PostSend(send); err != nil {
+					echoed <- err
+					return
+				}
+			}
+			rp.cqb.Poll(wcs)
+			if k == 0 {
+				select {
+				case <-stop:
+					echoed <- nil
+					return
+				case <-rp.wakeB:
+				}
+			}
+		}
+	}()
+	wcs := make([]transport.WC, 8)
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for range b.N {
+		start := time.Now()
+		if _, err := rp.qa.PostSend(send); err != nil {
+			b.Fatal(err)
+		}
+		for got := false; !got; {
+			k := rp.rcqa.Poll(wcs)
+			for _, wc := range wcs[:k] {
+				if wc.Status != transport.WCSuccess {
+					b.Fatalf("A: %+v", wc)
+				}
+				got = true
+				if err := recv(rp.qa, rp.mra); err != nil {
+					b.Fatal(err)
+				}
+			}
+			rp.cqa.Poll(wcs)
+			if !got {
+				select {
+				case <-rp.wakeA:
+				case <-time.After(5 * time.Second):
+					b.Fatal("no answer in 5 s")
+				}
+			}
+		}
+		lat = append(lat, time.Since(start))
+	}
+	b.StopTimer()
+	close(stop)
+	if err := <-echoed; err != nil {
+		b.Fatal(err)
+	}
+	slices.Sort(lat)
+	half := lat[len(lat)/2] / 2
+	b.ReportMetric(float64(half.Nanoseconds())/1e3, "engine-µs")
+	b.ReportMetric(float64(raw.Nanoseconds())/1e3, "raw-µs")
+	b.ReportMetric(float64(half)/float64(raw), "engine/raw")
 }

@@ -23,9 +23,12 @@ const labTimeout = 12
 type rcPair struct {
 	qa, qb     *transport.QP
 	cqa, rcqb  *transport.CQ
+	rcqa, cqb  *transport.CQ
 	mra, mrb   *transport.MR
 	bufa, bufb []byte
 	wake       chan struct{}
+	wakeA      chan struct{}
+	wakeB      chan struct{}
 	pmtu       roce.MTU // the path MTU of both QPs
 }
 
@@ -43,7 +46,17 @@ func connectRC(ctx context.Context, ea, eb *transport.Engine, a, b *Host, size i
 		}
 	}
 	all := transport.AccessLocalWrite | transport.AccessRemoteWrite | transport.AccessRemoteRead | transport.AccessRemoteAtomic
-	mk := func(e *transport.Engine, buf *[]byte, mr **transport.MR, cq **transport.CQ, rcq **transport.CQ) (*transport.QP, error) {
+	rp.wakeA, rp.wakeB = make(chan struct{}, 1), make(chan struct{}, 1)
+	side := func(ch chan struct{}) func() {
+		return func() {
+			notify()
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
+		}
+	}
+	mk := func(e *transport.Engine, buf *[]byte, mr **transport.MR, cq **transport.CQ, rcq **transport.CQ, notify func()) (*transport.QP, error) {
 		pd := e.Memory().NewPD()
 		*buf = make([]byte, size)
 		var err error
@@ -51,14 +64,13 @@ func connectRC(ctx context.Context, ea, eb *transport.Engine, a, b *Host, size i
 			return nil, err
 		}
 		*cq, *rcq = transport.NewCQ(8192, notify), transport.NewCQ(8192, notify)
-		return e.CreateQP(transport.QPConfig{Type: transport.RC, PD: pd, SendCQ: *cq, RecvCQ: *rcq, MaxSendWR: 4096, MaxRecvWR: 1024})
+		return e.CreateQP(transport.QPConfig{Type: transport.RC, PD: pd, SendCQ: *cq, RecvCQ: *rcq, MaxSendWR: 4096, MaxRecvWR: 1024, MaxInline: 64})
 	}
-	var cqb, rcqa *transport.CQ
 	var err error
-	if rp.qa, err = mk(ea, &rp.bufa, &rp.mra, &rp.cqa, &rcqa); err != nil {
+	if rp.qa, err = mk(ea, &rp.bufa, &rp.mra, &rp.cqa, &rp.rcqa, side(rp.wakeA)); err != nil {
 		return nil, err
 	}
-	if rp.qb, err = mk(eb, &rp.bufb, &rp.mrb, &cqb, &rp.rcqb); err != nil {
+	if rp.qb, err = mk(eb, &rp.bufb, &rp.mrb, &rp.cqb, &rp.rcqb, side(rp.wakeB)); err != nil {
 		return nil, err
 	}
 	for _, x := range []struct {

@@ -6,6 +6,7 @@ import (
 	"github.com/taproce/taproce/internal/spin"
 	"math/rand/v2"
 	"net/netip"
+	"os"
 	"runtime"
 	"sync/atomic"
 	"time"
