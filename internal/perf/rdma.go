@@ -3,15 +3,14 @@ package perf
 import (
 	"context"
 	"fmt"
-	"github.com/taproce/taproce/internal/spin"
 	"math/rand/v2"
 	"net/netip"
-	"os"
 	"runtime"
 	"sync/atomic"
 	"time"
 	"unsafe"
 
+	"github.com/taproce/taproce/internal/spin"
 	"github.com/taproce/taproce/verbs"
 )
 
