@@ -3,6 +3,8 @@ package lab
 import (
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"net/netip"
 	"slices"
@@ -254,7 +256,8 @@ func BenchmarkLabWrite64K(b *testing.B) {
 // the client processes of BenchmarkLabSpeed.
 func BenchmarkLabSendPingPong(b *testing.B) {
 	testnet.RequireRoot(b)
-	l, err := Build(Topology{Prefix: testnet.Name() + "-", Hosts: 2, MTU: 9000, Offload: true, Poll: control.PollBlock})
+	l, err := Build(Topology{Prefix: testnet.Name() + "-", Hosts: 2, MTU: 9000, Offload: true, Poll: control.PollBlock,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"slices"
 	"time"
@@ -74,7 +76,8 @@ func Speed(ctx context.Context, o SpeedOptions) (*SpeedResult, error) {
 	if o.RawRounds == 0 {
 		o.RawRounds = 20000
 	}
-	l, err := Build(Topology{Prefix: o.Prefix, Hosts: 2, MTU: 9000, Offload: true, Poll: o.Poll, Socket: o.Socket})
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	l, err := Build(Topology{Prefix: o.Prefix, Hosts: 2, MTU: 9000, Offload: true, Poll: o.Poll, Socket: o.Socket, Logger: quiet})
 	if err != nil {
 		return nil, err
 	}
