@@ -239,6 +239,9 @@ var spinFor = func() time.Duration {
 	return 20 * time.Microsecond
 }()
 
+// maxSleep bounds one sleep of a waiter on the completion channel.
+const maxSleep = time.Millisecond
+
 func newWaiter(ctx context.Context, idle time.Duration) *waiter { return &waiter{ctx: ctx, idle: idle} }
 
 // cqWaiter is a waiter for loops that poll the test's CQs: it sleeps on
@@ -281,7 +284,13 @@ func (w *waiter) wait(what string) error {
 		}
 		w.armed = true
 	case w.ch != nil:
-		ctx, cancel := context.WithDeadline(w.ctx, w.since.Add(w.idle))
+		// Not longer than maxSleep at a time: a loop also watches the
+		// clock (-D), which no completion announces.
+		until := time.Now().Add(maxSleep)
+		if end := w.since.Add(w.idle); end.Before(until) {
+			until = end
+		}
+		ctx, cancel := context.WithDeadline(w.ctx, until)
 		_, err := w.ch.Wait(ctx)
 		cancel()
 		w.armed = false
