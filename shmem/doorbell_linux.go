@@ -164,22 +164,37 @@ func (d *Doorbell) Wait(ctx context.Context) error {
 			d.f.SetReadDeadline(time.Time{})
 		}()
 	}
+	if err := d.waitRead(ctx.Err); err != nil {
+		if cerr := ctx.Err(); cerr != nil && err == cerr {
+			return cerr
+		}
+		return fmt.Errorf("shmem: Doorbell.Wait: %w", err)
+	}
+	return nil
+}
+
+// waitRead reads the doorbell until it was rung. A read deadline ends it
+// with stop's error if stop has one; a deadline left over from another
+// waiter is waited out.
+func (d *Doorbell) waitRead(stop func() error) error {
 	for {
 		rung, err := d.read(true)
 		switch {
 		case err == nil && rung:
 			return nil
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			if cerr := ctx.Err(); cerr != nil {
-				return cerr
+			if serr := stop(); serr != nil {
+				return serr
 			}
-			// A deadline left over from another waiter; try again.
 			time.Sleep(time.Millisecond)
 		case err != nil:
-			return fmt.Errorf("shmem: Doorbell.Wait: %w", d.closedErr(err))
+			return d.closedErr(err)
 		}
 	}
 }
+
+// noStop is waitRead's stop for a wait without a context.
+func noStop() error { return nil }
 
 // Drain consumes pending rings without blocking and reports whether there
 // were any.
@@ -230,18 +245,10 @@ func (d *Doorbell) readRaw(fd uintptr) bool {
 // for a poller that sleeps and wakes at every message; such a poller's
 // owner wakes it to stop by ringing.
 func (d *Doorbell) WaitRung() error {
-	for {
-		rung, err := d.read(true)
-		switch {
-		case err == nil && rung:
-			return nil
-		case errors.Is(err, os.ErrDeadlineExceeded):
-			// A deadline left over from a Wait; try again.
-			time.Sleep(time.Millisecond)
-		case err != nil:
-			return fmt.Errorf("shmem: Doorbell.WaitRung: %w", d.closedErr(err))
-		}
+	if err := d.waitRead(noStop); err != nil {
+		return fmt.Errorf("shmem: Doorbell.WaitRung: %w", err)
 	}
+	return nil
 }
 
 // Close closes the eventfd; a goroutine blocked in Wait returns an error
