@@ -108,10 +108,7 @@ func vmServer(t *testing.T, p *Peer, ep *Endpoint, c ppCase) *PingpongResult {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	check := startCheck(ep, c.iters)
-	job, err := p.Background(ctx, "pingpong-server", withCounters(c.tool()+" "+c.args()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	job := p.Spawn(ctx, "pingpong-server", withCounters(c.tool()+" "+c.args()))
 	msg := make([]byte, c.size)
 	for i := range msg {
 		msg[i] = byte(rand.Uint32())

@@ -9,22 +9,33 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/taproce/taproce/appliance/capture"
 	"github.com/taproce/taproce/appliance/transport"
+	"github.com/taproce/taproce/internal/netnsutil"
 )
 
-// The suite's network: one rxe VM, taproce ports at .10 (MTU 1500) and .11
-// (MTU 9000, for path MTU 4096); tests that need a port of their own use
-// .12–.19.
+// The suite's network: the rxe VM the tests run against, taproce ports at
+// .10 (MTU 1500) and .11 (MTU 9000, for path MTU 4096); tests that need a
+// port of their own use .12–.19.
 const (
 	peerName = "iop1"
 	peerIP   = "10.99.0.20"
+)
+
+// The second rxe VM, for the runs between two rxe VMs (TestRxePair). It
+// boots alongside the first, when the run may select that test.
+const (
+	peer2Name = "iop2"
+	peer2IP   = "10.99.0.21"
 )
 
 var (
@@ -42,12 +53,19 @@ const jumboMTU = 9000
 // TestMain, whether the tests pass or fail (and by a watchdog shortly
 // before the test binary's timeout, or on SIGINT/SIGTERM).
 var suite struct {
-	mu       sync.Mutex
-	started  bool
-	err      error // why the suite cannot run (a setup failure)
-	unlock   func()
-	peer     *Peer
-	ep       *Endpoint
+	mu      sync.Mutex
+	started bool
+	err     error // why the suite cannot run (a setup failure)
+	unlock  func()
+	peer    *Peer
+	ep      *Endpoint
+	// The second VM: peer2Done is closed when its boot has ended, with
+	// peer2 or peer2Err set; peer2Cancel ends a boot under way.
+	peer2       *Peer
+	peer2Err    error
+	peer2Done   chan struct{}
+	peer2Cancel context.CancelFunc
+
 	jumbo    *Endpoint
 	captures []*capture.Writer
 	down     bool
@@ -91,6 +109,15 @@ func teardown() {
 	}
 	for _, w := range suite.captures {
 		w.Close()
+	}
+	if suite.peer2Done != nil {
+		suite.peer2Cancel()
+		<-suite.peer2Done
+		if suite.peer2 != nil {
+			if err := suite.peer2.Stop(); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+			}
+		}
 	}
 	if suite.peer != nil {
 		if err := suite.peer.Stop(); err != nil {
@@ -146,6 +173,9 @@ func setup() error {
 	}
 	suite.unlock = unlock
 	start := time.Now()
+	if wantsTest(pairTestName) {
+		bootPeer2(start)
+	}
 	p, err := Start(ctx, peerName, peerIP)
 	if err != nil {
 		return err
@@ -154,6 +184,85 @@ func setup() error {
 	fmt.Fprintf(os.Stderr, "interop: peer %s (%s) ready after %v\n", p.Name, p.IP, time.Since(start).Round(100*time.Millisecond))
 	suite.ep, err = OpenEndpoint(EndpointConfig{Addr: portAddr, Capture: debugCapture("port")})
 	return err
+}
+
+// bootPeer2 boots the second VM in the background; needPeer2 waits for
+// it, teardown stops it (ending its boot if it is still under way).
+func bootPeer2(start time.Time) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	suite.peer2Cancel, suite.peer2Done = cancel, done
+	go func() {
+		defer close(done)
+		// start-peer.sh creates the namespace and the bridge when they
+		// are missing: leave that to the first VM's, so that the two
+		// scripts do not race.
+		if err := waitBridge(ctx, time.Minute); err != nil {
+			suite.peer2Err = err
+			return
+		}
+		p, err := Start(ctx, peer2Name, peer2IP)
+		if err != nil {
+			suite.peer2Err = err
+			return
+		}
+		suite.peer2 = p
+		fmt.Fprintf(os.Stderr, "interop: peer %s (%s) ready after %v\n", p.Name, p.IP, time.Since(start).Round(100*time.Millisecond))
+	}()
+}
+
+// waitBridge waits until Bridge exists in Namespace.
+func waitBridge(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		err := netnsutil.Do(netnsutil.Path(Namespace), func(h *netlink.Handle) error {
+			_, err := h.LinkByName(Bridge)
+			return err
+		})
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("interop: no bridge %s in %s: %w (%w)", Bridge, Namespace, err, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// wantsTest reports whether the run may select the top-level test name:
+// whether -test.run is empty or its first part matches name (a pattern
+// that does not compile counts as a match).
+func wantsTest(name string) bool {
+	f := flag.Lookup("test.run")
+	if f == nil || f.Value.String() == "" {
+		return true
+	}
+	re, err := regexp.Compile(strings.Split(f.Value.String(), "/")[0])
+	return err != nil || re.MatchString(name)
+}
+
+// needPeer2 is needPeer for the second VM: it waits for the VM's boot to
+// end and returns the VM.
+func needPeer2(t *testing.T) *Peer {
+	t.Helper()
+	needPeer(t)
+	suite.mu.Lock()
+	done := suite.peer2Done
+	suite.mu.Unlock()
+	if done == nil {
+		t.Fatal("interop: the second VM was not booted")
+	}
+	select {
+	case <-done:
+	case <-time.After(StartTimeout):
+		t.Fatal("interop: the second VM is still booting")
+	}
+	if suite.peer2Err != nil {
+		t.Fatalf("interop setup: %v", suite.peer2Err)
+	}
+	return suite.peer2
 }
 
 // CaptureDirEnv names the environment variable that, when set, makes the

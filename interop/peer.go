@@ -200,6 +200,10 @@ type Peer struct {
 
 	stopOnce sync.Once
 	stopErr  error
+
+	mu      sync.Mutex
+	idle    []*session // sessions for Exec
+	closing bool       // Stop has begun
 }
 
 // Start boots a peer VM named name with address ip on the bridge (building
@@ -232,12 +236,33 @@ func Start(ctx context.Context, name, ip string) (*Peer, error) {
 	return p, nil
 }
 
-// Exec runs cmd in the VM as root through the remote shell (pipes,
-// redirections and quoting work) and returns its output; err wraps an
-// *exec.ExitError when the command exits non-zero. A command that should
-// keep running after Exec returns must be detached with nohup and
-// redirections; Background does that.
+// Exec runs cmd in the VM as root through bash (pipes, redirections and
+// quoting work), in a session of its own, and returns its output; err
+// carries the exit status (ExitCode) when the command exits non-zero. A
+// command that should keep running after Exec returns must be detached
+// with nohup and redirections; Background does that. The commands go over
+// ssh connections that Exec keeps open for the next ones; when none can
+// be used, the command gets an ssh connection of its own (ExecOnce).
 func (p *Peer) Exec(ctx context.Context, cmd string) (stdout, stderr string, err error) {
+	s, err := p.session()
+	if err != nil {
+		return p.ExecOnce(ctx, cmd)
+	}
+	o, e, code, err := s.run(ctx, cmd)
+	switch {
+	case err != nil:
+		s.close()
+		return o, e, fmt.Errorf("interop: %s: %q: %w", p.Name, cmd, err)
+	case code != 0:
+		err = fmt.Errorf("interop: %s: %q: %w", p.Name, cmd, &exitError{code})
+	}
+	p.release(s)
+	return o, e, err
+}
+
+// ExecOnce is Exec over an ssh connection of its own (peer-exec.sh NAME
+// CMD); err wraps an *exec.ExitError when the command exits non-zero.
+func (p *Peer) ExecOnce(ctx context.Context, cmd string) (stdout, stderr string, err error) {
 	var o, e bytes.Buffer
 	c := exec.CommandContext(ctx, filepath.Join(p.dir, "peer-exec.sh"), p.Name, cmd)
 	c.Stdout, c.Stderr = &o, &e
@@ -257,6 +282,10 @@ func ExitCode(err error) int {
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
 		return ee.ExitCode()
+	}
+	var se *exitError
+	if errors.As(err, &se) {
+		return se.code
 	}
 	return -1
 }
@@ -303,6 +332,70 @@ func (j *Job) Wait(ctx context.Context, timeout time.Duration) (code int, output
 		return -1, output, fmt.Errorf("interop: %s: job %s: exit status %q: %w", j.p.Name, j.log, status, err)
 	}
 	return code, output, nil
+}
+
+// Task is a command running in a VM in an Exec of its own, started by
+// Spawn. Unlike a Job, it ends with its Exec; it costs one command where a
+// Job costs two (start and Wait).
+type Task struct {
+	p      *Peer
+	pid    string // file in the VM holding the remote shell's PID
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	out, stderr string
+	err         error
+}
+
+// Spawn starts cmd in the VM through Exec on a goroutine and returns at
+// once; name names the task's PID file under /tmp in the VM. The
+// command's standard output and error are Wait's output.
+func (p *Peer) Spawn(ctx context.Context, name, cmd string) *Task {
+	ctx, cancel := context.WithCancel(ctx)
+	t := &Task{p: p, pid: "/tmp/" + name + ".pid", cancel: cancel, done: make(chan struct{})}
+	// sshd starts the remote shell in a session of its own, so its PID
+	// is the process group of the command. The spaces keep a command in
+	// parentheses from making "((", an arithmetic command.
+	remote := fmt.Sprintf("echo $$ >%s; ( %s ) 2>&1", t.pid, cmd)
+	go func() {
+		defer close(t.done)
+		t.out, t.stderr, t.err = p.Exec(ctx, remote)
+	}()
+	return t
+}
+
+// Wait waits up to timeout for the task to end and returns its exit status
+// and output, as Job.Wait does. A task still running at the timeout, or
+// when ctx ends, is killed: its process group in the VM, and its Exec.
+func (t *Task) Wait(ctx context.Context, timeout time.Duration) (code int, output string, err error) {
+	defer t.cancel()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case <-t.done:
+	case <-timer.C:
+		t.kill()
+		return -1, t.out, fmt.Errorf("interop: %s: task %s still running after %v, killed", t.p.Name, t.pid, timeout)
+	case <-ctx.Done():
+		t.kill()
+		return -1, t.out, fmt.Errorf("interop: %s: task %s: %w", t.p.Name, t.pid, ctx.Err())
+	}
+	if t.err != nil {
+		if code := ExitCode(t.err); code >= 0 {
+			return code, t.out, nil
+		}
+		return -1, t.out, fmt.Errorf("%w: %s", t.err, t.stderr)
+	}
+	return 0, t.out, nil
+}
+
+// kill ends the task's process group in the VM, then its Exec.
+func (t *Task) kill() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	t.p.Exec(ctx, fmt.Sprintf("kill -- -$(cat %s) 2>/dev/null", t.pid))
+	t.cancel()
+	<-t.done
 }
 
 // CountersCommand prints the rxe port counters of the VM's rxe0 as
@@ -396,14 +489,17 @@ func (p *Peer) SetMTU(ctx context.Context, mtu int) error {
 			return fmt.Errorf("interop: MTU of tap-%s: %w", p.Name, err)
 		}
 	}
+	// The next commands connect anew, over the link as it is now.
+	p.closeSessions(false)
 	return nil
 }
 
-// Stop stops the VM (stop-peer.sh kills it by its recorded PID) and
-// removes its TAP; the scripts delete the namespace when nothing else is
-// left in it. Stop is idempotent.
+// Stop closes Exec's ssh sessions, stops the VM (stop-peer.sh kills it
+// by its recorded PID) and removes its TAP; the scripts delete the
+// namespace when nothing else is left in it. Stop is idempotent.
 func (p *Peer) Stop() error {
 	p.stopOnce.Do(func() {
+		p.closeSessions(true)
 		ctx, cancel := context.WithTimeout(context.Background(), StopTimeout)
 		defer cancel()
 		if out, err := runScript(ctx, p.dir, "stop-peer.sh", p.Name); err != nil {

@@ -112,6 +112,8 @@ func TestToolPingpong(t *testing.T) {
 	bin := buildTaproce(t)
 	sock, engine := bridgeAppliance(t)
 	ep := &Endpoint{Engine: engine} // for the counter checks
+	side := toolSide{bin: bin, sock: sock, local: toolAddr.Addr(),
+		check: func(iters int) counterCheck { return startCheck(ep, iters) }}
 	for _, c := range []ppCase{
 		{typ: transport.RC, mtu: 1024, size: 64, iters: 50},
 		{typ: transport.RC, mtu: 1024, size: 4096, iters: 20},
@@ -121,9 +123,24 @@ func TestToolPingpong(t *testing.T) {
 		{typ: transport.UD, size: 1024, iters: 50},
 	} {
 		name := strings.ToLower(c.typ.String()) + "/" + c.name()
-		t.Run(name+"/vm-server", func(t *testing.T) { toolVMServer(t, p, ep, bin, sock, c) })
-		t.Run(name+"/vm-client", func(t *testing.T) { toolVMClient(t, p, ep, bin, sock, c) })
+		t.Run(name+"/vm-server", func(t *testing.T) { toolVMServer(t, p, side, c) })
+		t.Run(name+"/vm-client", func(t *testing.T) { toolVMClient(t, p, side, c) })
 	}
+}
+
+// counterCheck compares the rxe and taproce counters around an exchange;
+// it took taproce's when it was made.
+type counterCheck interface {
+	finish(t *testing.T, before, after Counters)
+}
+
+// toolSide is where `taproce pingpong` runs: the command, the socket of
+// its appliance, the address of the appliance's port (the tool's GID),
+// and the counter check of a run of iters iterations, begun when called.
+type toolSide struct {
+	bin, sock string
+	local     netip.Addr
+	check     func(iters int) counterCheck
 }
 
 // toolArgs returns the options of both sides (the tool's, and -t for
@@ -133,12 +150,13 @@ func (c ppCase) toolArgs() []string {
 }
 
 // checkToolOutput checks taproce pingpong's output: the four lines of the
-// tools, the remote GID the VM's, no invalid data.
-func checkToolOutput(t *testing.T, c ppCase, out string) {
+// tools, the local GID the port's, the remote GID the VM's, no invalid
+// data.
+func checkToolOutput(t *testing.T, c ppCase, local netip.Addr, out string) {
 	t.Helper()
 	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
 	if len(lines) != 4 || !strings.HasPrefix(lines[0], "  local address:  LID 0x0000, QPN ") ||
-		!strings.HasSuffix(lines[0], " GID ::ffff:"+toolAddr.Addr().String()) ||
+		!strings.HasSuffix(lines[0], " GID ::ffff:"+local.String()) ||
 		!strings.HasSuffix(lines[1], " GID ::ffff:"+peerIP) ||
 		!strings.Contains(lines[2], fmt.Sprintf("%d bytes in ", 2*c.size*c.iters)) ||
 		!strings.HasPrefix(lines[3], fmt.Sprintf("%d iters in ", c.iters)) {
@@ -148,20 +166,17 @@ func checkToolOutput(t *testing.T, c ppCase, out string) {
 
 // toolVMServer runs the tool as server in the VM and taproce pingpong as
 // its client.
-func toolVMServer(t *testing.T, p *Peer, ep *Endpoint, bin, sock string, c ppCase) {
+func toolVMServer(t *testing.T, p *Peer, side toolSide, c ppCase) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	check := startCheck(ep, c.iters)
-	job, err := p.Background(ctx, "tool-server", withCounters(c.tool()+" -c "+c.args()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	check := side.check(c.iters)
+	job := p.Spawn(ctx, "tool-server", withCounters(c.tool()+" -c "+c.args()))
 	// The tool listens once its QP is ready: retry while refused.
 	var out, errOut string
 	var runErr error
 	for deadline := time.Now().Add(90 * time.Second); ; {
 		var o, e bytes.Buffer
-		cmd := toolCmd(ctx, bin, sock, append(c.toolArgs(), "-c", peerIP)...)
+		cmd := toolCmd(ctx, side.bin, side.sock, append(c.toolArgs(), "-c", peerIP)...)
 		cmd.Stdout, cmd.Stderr = &o, &e
 		runErr = cmd.Run()
 		out, errOut = o.String(), e.String()
@@ -174,7 +189,7 @@ func toolVMServer(t *testing.T, p *Peer, ep *Endpoint, bin, sock string, c ppCas
 		t.Errorf("taproce pingpong: %v\n%s%s", runErr, out, errOut)
 	} else {
 		t.Logf("taproce pingpong %s %s:\n%s", strings.Join(c.toolArgs(), " "), peerIP, strings.TrimSpace(out))
-		checkToolOutput(t, c, out)
+		checkToolOutput(t, c, side.local, out)
 	}
 	code, vmOut, werr := job.Wait(ctx, 60*time.Second)
 	before, vmOut, after, ok := splitCounters(vmOut)
@@ -193,12 +208,12 @@ func toolVMServer(t *testing.T, p *Peer, ep *Endpoint, bin, sock string, c ppCas
 
 // toolVMClient runs taproce pingpong as server (its exchange on the
 // namespace's address) and the tool in the VM as its client.
-func toolVMClient(t *testing.T, p *Peer, ep *Endpoint, bin, sock string, c ppCase) {
+func toolVMClient(t *testing.T, p *Peer, side toolSide, c ppCase) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	check := startCheck(ep, c.iters)
+	check := side.check(c.iters)
 	var out, errOut lockedBuffer
-	cmd := toolCmd(ctx, bin, sock, append(c.toolArgs(), "-c")...)
+	cmd := toolCmd(ctx, side.bin, side.sock, append(c.toolArgs(), "-c")...)
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -230,7 +245,7 @@ func toolVMClient(t *testing.T, p *Peer, ep *Endpoint, bin, sock string, c ppCas
 		t.Errorf("taproce pingpong server: %v\n%s%s", serr, out.String(), errOut.String())
 	} else {
 		t.Logf("taproce pingpong %s:\n%s", strings.Join(c.toolArgs(), " "), strings.TrimSpace(out.String()))
-		checkToolOutput(t, c, out.String())
+		checkToolOutput(t, c, side.local, out.String())
 	}
 	if err == nil && serr == nil {
 		if !ok {

@@ -1,7 +1,9 @@
-// Command readme writes the interop table of README.md from the results
+// Command readme writes the interop tables of README.md from the results
 // the interop suite recorded (interop/testdata/perf-results.json, written
 // by `TAPROCE_INTEROP_PERF_RESULTS=FILE go test ./interop/`), between the
-// README's interop markers. Run it from the module root.
+// README's interop markers: the perftest matrix (interop.PerfTable), the
+// runs under loss (interop.LossTable) and the runs between two rxe VMs
+// next to taproce's (interop.PairTable). Run it from the module root.
 package main
 
 import (
@@ -29,11 +31,11 @@ func run(results, readme string) error {
 	if err != nil {
 		return err
 	}
-	b, err := os.ReadFile(readme)
+	text, err := os.ReadFile(readme)
 	if err != nil {
 		return err
 	}
-	s := string(b)
+	s := string(text)
 	i, j := strings.Index(s, begin), strings.Index(s, end)
 	if i < 0 || j < i {
 		return fmt.Errorf("%s has no %s … %s section", readme, begin, end)
@@ -44,8 +46,22 @@ func run(results, readme string) error {
 			pass++
 		}
 	}
-	table := fmt.Sprintf("%s\nRecorded %s against %s: %d of %d runs passed.\n\n%s\n",
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s\nRecorded %s against %s: %d of %d runs passed.\n\n%s\n",
 		begin, r.Generated, r.Peer, pass, len(r.Results), strings.TrimSpace(interop.PerfTable(r)))
-	s = s[:i] + table + s[j:]
+	if t := interop.LossTable(r); t != "" {
+		b.WriteString("\nUnder loss: each side drops a share of the frames it sends (netem in the VM, the port's\n" +
+			"impairment on taproce's side), and every run must still end well. The last columns add up\n" +
+			"the row's runs: frames each side lost, PSN sequence error NAKs each side sent, the ACK\n" +
+			"timeouts after which taproce sent again, and the retries rxe began (its completer_retry_err,\n" +
+			"which counts a retry after a NAK and after an ACK timeout alike).\n\n")
+		b.WriteString(t)
+	}
+	if t := interop.PairTable(r); t != "" {
+		b.WriteString("\ntaproce ↔ rxe next to rxe ↔ rxe (same run, VMs under TCG software emulation; rxe ↔ rxe runs\n" +
+			"two VMs of one emulated vCPU each at once, taproce ↔ rxe one VM and taproce on the host):\n\n")
+		b.WriteString(t)
+	}
+	s = s[:i] + b.String() + s[j:]
 	return os.WriteFile(readme, []byte(s), 0o644)
 }

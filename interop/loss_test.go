@@ -1,0 +1,434 @@
+package interop
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/taproce/taproce/appliance/capture"
+	"github.com/taproce/taproce/appliance/impair"
+	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/appliance/transport"
+)
+
+// This file runs the perftest matrix at path MTU 1024 and ibv_rc_pingpong
+// while each side loses 1 % of the frames it sends: netem in the VM
+// (eth0's root qdisc) drops rxe's, the impairment of taproce's port
+// (appliance/impair, seeded) drops taproce's. Every run must still end
+// well; retransmissions after ACK timeouts and PSN sequence error NAKs
+// are the expected recovery, any other NAK, an RNR NAK or an exhausted retry
+// count is a failure.
+
+// lossRate is the share of its frames each side loses on the way out.
+const lossRate = 0.01
+
+// lossSeed seeds the port's impairment, so that taproce loses the same
+// frames of the same sequence in every run; netem in the VM is not seeded.
+const lossSeed = 7
+
+// lossIters are the iterations of the runs under loss: more than
+// perfIters for the small sizes, where a run costs little more than its
+// start, so that losses hit them too; as few for the large ones.
+func lossIters(size int) int {
+	switch {
+	case size >= 1<<20:
+		return 5
+	case size >= 64<<10:
+		return 10
+	case size >= 4<<10:
+		return 50
+	}
+	return 100
+}
+
+// lossCases are perfCases under loss.
+func lossCases() []perfCase {
+	cs := perfCases()
+	for i := range cs {
+		cs[i].loss = lossRate
+	}
+	return cs
+}
+
+// lossPingpongs are the ibv_rc_pingpong runs under loss: messages of
+// four packets (a lost last one costs an ACK timeout) and of 64.
+var lossPingpongs = []ppCase{
+	{typ: transport.RC, mtu: 1024, size: 4096, iters: 100},
+	{typ: transport.RC, mtu: 1024, size: 65536, iters: 10},
+}
+
+// netemCommand is the qdisc that makes the VM lose frames.
+func netemCommand() string {
+	return "tc qdisc replace dev eth0 root netem loss " + strconv.FormatFloat(lossRate*100, 'g', -1, 64) + "%"
+}
+
+// withPeerLoss makes the VM lose lossRate of the frames it sends for the
+// rest of the test (netem as eth0's root qdisc). After the test, whether
+// it passes or fails, it removes the qdisc, and reports an error when
+// netem dropped nothing.
+func withPeerLoss(t *testing.T, p *Peer) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		out, stderr, err := p.Exec(ctx, "tc -s qdisc show dev eth0; tc qdisc del dev eth0 root")
+		t.Logf("VM qdisc at the end:\n%s", strings.TrimSpace(out))
+		if err != nil {
+			t.Errorf("removing the VM's netem qdisc: %v: %s", err, stderr)
+			return
+		}
+		switch n, err := netemDropped(out); {
+		case err != nil:
+			t.Error(err)
+		case n == 0:
+			t.Error("netem in the VM dropped no frame")
+		}
+	})
+	if _, stderr, err := p.Exec(ctx, netemCommand()); err != nil {
+		t.Fatalf("%v: %s", err, stderr)
+	}
+}
+
+// netemDropped returns how many frames the netem qdisc has dropped from
+// the output of `tc -s qdisc show`.
+func netemDropped(out string) (uint64, error) {
+	_, rest, ok := strings.Cut(out, "(dropped ")
+	if !ok || !strings.Contains(out, "qdisc netem") {
+		return 0, fmt.Errorf("interop: no netem qdisc on the VM's eth0:\n%s", out)
+	}
+	n, err := strconv.ParseUint(rest[:strings.Index(rest+",", ",")], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("interop: netem statistics %q: %w", out, err)
+	}
+	return n, nil
+}
+
+// lossErrorCounters are the rxe counters that must not move under loss
+// either: RNR NAKs, exhausted retries, send failures. Sequence errors
+// (out_of_seq_request, rcvd_seq_err) and retries (completer_retry_err,
+// after a NAK or an ACK timeout) are the recovery from loss.
+var lossErrorCounters = []string{
+	"rcvd_rnr_err", "send_rnr_err", "retry_exceeded_err", "retry_rnr_exceeded_err", "send_err", "link_downed",
+}
+
+// seqNAK is the syndrome of a PSN sequence error NAK.
+const seqNAK = roce.SyndromeNAK | roce.NAKPSNSequenceError
+
+// checkLoss checks a run under loss from the rig's counters before (s0)
+// and after (s1) it and rxe's: no rxe error counter of lossErrorCounters
+// moved, no NAK other than a PSN sequence error and no RNR NAK went
+// either way on the port's wire, and neither side accepted more packets
+// than the other sent. It returns what was lost and how it was
+// recovered.
+func checkLoss(t *testing.T, s0, s1 rigSnap, before, after Counters) *Recovery {
+	t.Helper()
+	d := after.Sub(before)
+	a, b := s0.stats, s1.stats
+	w := s1.wire.sub(s0.wire)
+	received := b.Received - a.Received
+	rec := &Recovery{
+		TaproceLost:        s1.port.Egress.Dropped - s0.port.Egress.Dropped,
+		SeqNAKsSent:        w.sent[seqNAK],
+		SeqNAKsReceived:    w.received[seqNAK],
+		TaproceTimeouts:    b.Timeouts - a.Timeouts,
+		RxeRetries:         d["completer_retry_err"],
+		TaproceRetransmits: b.Retransmits - a.Retransmits,
+	}
+	if d["sent_pkts"] > received {
+		rec.RxeLost = d["sent_pkts"] - received
+	}
+	t.Logf("rxe counters: %v", d)
+	t.Logf("taproce: sent %d received %d dropped %d retransmits %d timeouts %d NAKs sent %d received %d RNR NAKs sent %d received %d duplicate requests %d responses %d",
+		b.Sent-a.Sent, received, b.Dropped-a.Dropped, b.Retransmits-a.Retransmits, b.Timeouts-a.Timeouts,
+		b.NAKsSent-a.NAKsSent, b.NAKsReceived-a.NAKsReceived, b.RNRNAKsSent-a.RNRNAKsSent, b.RNRNAKsReceived-a.RNRNAKsReceived,
+		b.DuplicateRequests-a.DuplicateRequests, b.DuplicateResponses-a.DuplicateResponses)
+	t.Logf("lost: %d frames taproce sent (its port's impairment), %d RoCE packets rxe sent (netem); NAKs on the port's wire: taproce's %v, rxe's %v",
+		rec.TaproceLost, rec.RxeLost, &w.sent, &w.received)
+	for _, k := range lossErrorCounters {
+		if d[k] != 0 {
+			t.Errorf("rxe counter %s rose by %d", k, d[k])
+		}
+	}
+	for _, x := range []struct {
+		who    string
+		counts *synCounts
+	}{{"taproce", &w.sent}, {"rxe", &w.received}} {
+		for syn, n := range x.counts {
+			if s := roce.Syndrome(syn); n != 0 && s != seqNAK {
+				t.Errorf("%s sent %d %v", x.who, n, s)
+			}
+		}
+	}
+	if n := b.RNRNAKsSent - a.RNRNAKsSent + b.RNRNAKsReceived - a.RNRNAKsReceived; n != 0 {
+		t.Errorf("taproce sent or received %d RNR NAKs", n)
+	}
+	if sent := b.Sent - a.Sent; d["rcvd_pkts"] > sent {
+		t.Errorf("taproce sent %d packets, rxe accepted %d", sent, d["rcvd_pkts"])
+	}
+	if d["sent_pkts"] < received {
+		t.Errorf("rxe sent %d packets, taproce received %d", d["sent_pkts"], received)
+	}
+	if n := vmDropped(s0, s1); n > 0 {
+		t.Logf("the VM's TAP dropped %d frames during this run", n)
+	}
+	return rec
+}
+
+// lossCheck is checkLoss as a counterCheck, for the pingpongs; rec is its
+// account once finish ran.
+type lossCheck struct {
+	r   *perfRig
+	s0  rigSnap
+	rec *Recovery
+}
+
+func (c *lossCheck) finish(t *testing.T, before, after Counters) {
+	t.Helper()
+	c.rec = checkLoss(t, c.s0, c.r.snap(), before, after)
+}
+
+// TestPerftestLoss: the perftest matrix of TestPerftest at path MTU 1024
+// (every test both ways at 2 B, 4 KiB, 64 KiB and 1 MiB, lossIters
+// iterations; both atomics) and ibv_rc_pingpong with -c on both sides,
+// both ways, while rxe and taproce each lose 1 % of the frames they send.
+// Each run must end with exit status 0 and the right result lines on both
+// sides, and the counters must show only the recovery from loss
+// (checkLoss). Recorded in the results file with their loss and recovery.
+func TestPerftestLoss(t *testing.T) {
+	p, _ := needPeer(t)
+	r := newPerfRig(t, rigConfig{egress: impair.Spec{Loss: lossRate, Seed: lossSeed}})
+	recordPerf(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := r.nic.Resolve(ctx, p.IP); err != nil {
+		t.Fatalf("the port does not reach the VM: %v", err)
+	}
+	withPeerLoss(t, p)
+	for _, c := range lossCases() {
+		t.Run(c.name()+"/vm-server", func(t *testing.T) { perfVMServer(t, p, r, c, 1024, perfRec) })
+		t.Run(c.name()+"/vm-client", func(t *testing.T) { perfVMClient(t, p, r, c, 1024, perfRec) })
+	}
+	var last *lossCheck
+	side := toolSide{bin: r.bin, sock: r.sock, local: perfAddr.Addr(), check: func(int) counterCheck {
+		last = &lossCheck{r: r, s0: r.snap()}
+		return last
+	}}
+	for _, c := range lossPingpongs {
+		for _, x := range []struct {
+			role, vm string // taproce's role, the VM's
+			run      func(*testing.T, *Peer, toolSide, ppCase)
+		}{{"client", "vm-server", toolVMServer}, {"server", "vm-client", toolVMClient}} {
+			t.Run(c.tool()+"/"+c.name()+"/"+x.vm, func(t *testing.T) {
+				last = nil
+				rec := PerfResult{Tool: c.tool(), Args: "-c", Taproce: x.role, MTU: c.mtu, Size: c.size, Iters: c.iters, Loss: lossRate}
+				defer func() {
+					rec.Pass = !t.Failed()
+					if last != nil {
+						rec.Recovery = last.rec
+					}
+					perfRec.add(rec)
+				}()
+				x.run(t, p, side, c)
+			})
+		}
+	}
+	// The loss happened on taproce's side (withPeerLoss checks the VM's).
+	if n := r.nic.Port().Stats().Egress.Dropped; n == 0 {
+		t.Error("the port's impairment dropped no frame")
+	} else {
+		t.Logf("the port's impairment dropped %d frames", n)
+	}
+}
+
+// synCounts counts acknowledgements by AETH syndrome.
+type synCounts [256]uint64
+
+// String lists the counts that are not 0.
+func (c *synCounts) String() string {
+	var parts []string
+	for s, n := range c {
+		if n != 0 {
+			parts = append(parts, fmt.Sprintf("%v×%d", roce.Syndrome(s), n))
+		}
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, " ")
+}
+
+// wireCounts are the NAKs and RNR NAKs a port sent and received, by
+// syndrome (ACKs are not counted).
+type wireCounts struct {
+	sent, received synCounts
+}
+
+func (c wireCounts) sub(o wireCounts) wireCounts {
+	for i := range c.sent {
+		c.sent[i] -= o.sent[i]
+		c.received[i] -= o.received[i]
+	}
+	return c
+}
+
+// wireTally counts the NAKs and RNR NAKs on a port's wire. It is the
+// io.Writer under the port's capture (capture.NewWriter): it reads the
+// pcap stream as it comes and keeps no frames.
+type wireTally struct {
+	local netip.Addr
+	flush func() error // the capture's Flush, so that counts sees every frame
+
+	mu     sync.Mutex
+	buf    []byte
+	header bool // the pcap file header has been read
+	c      wireCounts
+	pkt    roce.Packet
+}
+
+func newWireTally(local netip.Addr) *wireTally { return &wireTally{local: local} }
+
+// pcap sizes: the file header and a record's header, whose third word is
+// the captured length.
+const (
+	pcapFileHeaderLen   = 24
+	pcapRecordHeaderLen = 16
+)
+
+// Write takes the next bytes of the pcap stream.
+func (w *wireTally) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, b...)
+	rest := w.buf
+	if !w.header {
+		if len(rest) < pcapFileHeaderLen {
+			return len(b), nil
+		}
+		rest, w.header = rest[pcapFileHeaderLen:], true
+	}
+	for len(rest) >= pcapRecordHeaderLen {
+		n := int(binary.LittleEndian.Uint32(rest[8:12]))
+		if len(rest) < pcapRecordHeaderLen+n {
+			break
+		}
+		w.frame(rest[pcapRecordHeaderLen : pcapRecordHeaderLen+n])
+		rest = rest[pcapRecordHeaderLen+n:]
+	}
+	w.buf = append(w.buf[:0], rest...)
+	return len(b), nil
+}
+
+// frame counts one frame's NAK or RNR NAK.
+func (w *wireTally) frame(f []byte) {
+	if roce.Parse(f, &w.pkt) != nil || !w.pkt.Info().Has(roce.HasAETH) {
+		return
+	}
+	syn := w.pkt.AETH.Syndrome
+	if syn.Kind() == roce.SyndromeACK {
+		return
+	}
+	if w.pkt.Src == w.local {
+		w.c.sent[syn]++
+	} else {
+		w.c.received[syn]++
+	}
+}
+
+// counts returns the counts so far (zero for a nil tally).
+func (w *wireTally) counts() wireCounts {
+	if w == nil {
+		return wireCounts{}
+	}
+	if w.flush != nil {
+		_ = w.flush()
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.c
+}
+
+// TestWireTally feeds the tally a port's capture of ACKs, NAKs and an RNR
+// NAK both ways, written in pieces of every size, and checks its counts.
+func TestWireTally(t *testing.T) {
+	local, remote := netip.MustParseAddr("10.99.0.14"), netip.MustParseAddr("10.99.0.20")
+	frames := []struct {
+		src, dst netip.Addr
+		op       roce.Opcode
+		syn      roce.Syndrome
+	}{
+		{local, remote, roce.RCAcknowledge, roce.SyndromeACK | 31},
+		{local, remote, roce.RCAcknowledge, seqNAK},
+		{remote, local, roce.RCAcknowledge, seqNAK},
+		{remote, local, roce.RCAcknowledge, roce.SyndromeNAK | roce.NAKRemoteAccessError},
+		{remote, local, roce.RCAtomicAcknowledge, roce.SyndromeACK},
+		{local, remote, roce.RCAcknowledge, roce.SyndromeRNRNAK | 14},
+		{local, remote, roce.RCSendOnly, 0},
+	}
+	var buf bytes.Buffer
+	cw, err := capture.NewWriter(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range frames {
+		p := roce.Packet{Src: f.src, Dst: f.dst, TTL: 64, SrcPort: 0xC000, DstPort: roce.UDPPort}
+		p.BTH.Opcode, p.BTH.DestQP = f.op, 0x11
+		p.AETH.Syndrome = f.syn
+		b := make([]byte, p.FrameLen())
+		n, err := p.Encode(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cw.WriteFrame(time.Unix(0, 0), b[:n]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cw.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	stream := buf.Bytes()
+	for _, piece := range []int{1, 7, 16, 100, len(stream)} {
+		t.Run(fmt.Sprint(piece), func(t *testing.T) {
+			w := newWireTally(local)
+			for s := stream; len(s) > 0; {
+				n := min(piece, len(s))
+				if _, err := w.Write(s[:n]); err != nil {
+					t.Fatal(err)
+				}
+				s = s[n:]
+			}
+			var want wireCounts
+			want.sent[seqNAK], want.sent[roce.SyndromeRNRNAK|14] = 1, 1
+			want.received[seqNAK], want.received[roce.SyndromeNAK|roce.NAKRemoteAccessError] = 1, 1
+			if got := w.counts(); got != want {
+				t.Errorf("sent %v received %v, want %v and %v", &got.sent, &got.received, &want.sent, &want.received)
+			}
+		})
+	}
+}
+
+// TestNetemDropped parses netem's statistics.
+func TestNetemDropped(t *testing.T) {
+	for _, c := range []struct {
+		out  string
+		want uint64
+		ok   bool
+	}{
+		{"qdisc netem 8001: root refcnt 2 limit 1000 loss 1%\n Sent 81247917 bytes 81385 pkt (dropped 844, overlimits 0 requeues 0) \n backlog 0b 0p requeues 0\n", 844, true},
+		{"qdisc netem 8001: root refcnt 2 limit 1000 loss 1%\n Sent 0 bytes 0 pkt (dropped 0, overlimits 0 requeues 0) \n", 0, true},
+		{"qdisc pfifo_fast 0: root refcnt 2 bands 3\n Sent 1 bytes 1 pkt (dropped 0, overlimits 0 requeues 0) \n", 0, false},
+	} {
+		n, err := netemDropped(c.out)
+		if n != c.want || (err == nil) != c.ok {
+			t.Errorf("%q: %d, %v; want %d, ok %v", c.out, n, err, c.want, c.ok)
+		}
+	}
+}
