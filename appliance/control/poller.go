@@ -1,11 +1,11 @@
 package control
 
 import (
-	"github.com/taproce/taproce/internal/spin"
 	"runtime"
 	"time"
 
 	"github.com/taproce/taproce/appliance/transport"
+	"github.com/taproce/taproce/internal/spin"
 	"github.com/taproce/taproce/verbs/abi"
 )
 

@@ -231,21 +231,30 @@ func perfSteps(ctx context.Context, l *Lab, binary string) ([]Step, []perfRow) {
 	var rows []perfRow
 	for _, r := range labPerfRuns {
 		start := time.Now()
-		args := []string{"perf", r.test, "-x", "1", "-s", fmt.Sprint(r.size), "-n", fmt.Sprint(r.iters), "--json"}
-		srv := append(append([]string{}, args...), "-d", b.Device)
-		cli := append(append([]string{}, args...), "-d", a.Device)
-		_, out, err := l.pair(ctx, binary, a, b, srv, cli, nil, 120*time.Second)
-		row := perfRow{run: r}
-		if err == nil {
-			row.ok, row.bw, row.rate, row.lat, row.detail = parsePerfJSON(out)
-		} else {
-			row.detail = err.Error()
-		}
+		row := l.perfPair(ctx, binary, r)
 		s := Step{Name: fmt.Sprintf("perf %s %d B %s → %s", r.test, r.size, a.Namespace, b.Namespace), OK: row.ok, Took: time.Since(start), Detail: row.detail}
 		steps = append(steps, s)
 		rows = append(rows, row)
 	}
 	return steps, rows
+}
+
+// perfPair runs r between the first two hosts — a `taproce perf` server in
+// the second, its client in the first — and returns the client's figures;
+// a run that failed has ok false and says why in detail.
+func (l *Lab) perfPair(ctx context.Context, binary string, r perfRun) perfRow {
+	a, b := l.Hosts[0], l.Hosts[1]
+	args := []string{"perf", r.test, "-x", "1", "-s", fmt.Sprint(r.size), "-n", fmt.Sprint(r.iters), "--json"}
+	srv := append(append([]string{}, args...), "-d", b.Device)
+	cli := append(append([]string{}, args...), "-d", a.Device)
+	_, out, err := l.pair(ctx, binary, a, b, srv, cli, nil, 120*time.Second)
+	row := perfRow{run: r}
+	if err != nil {
+		row.detail = err.Error()
+		return row
+	}
+	row.ok, row.bw, row.rate, row.lat, row.detail = parsePerfJSON(out)
+	return row
 }
 
 // parsePerfJSON reads the client's --json line.

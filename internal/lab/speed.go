@@ -112,15 +112,7 @@ func Speed(ctx context.Context, o SpeedOptions) (*SpeedResult, error) {
 	go func() { done <- l.App.Serve(sctx) }()
 	defer func() { cancel(); <-done }()
 	run := func(test string, size, iters int) (perfRow, error) {
-		args := []string{"perf", test, "-x", "1", "-s", fmt.Sprint(size), "-n", fmt.Sprint(iters), "--json"}
-		srv := append(append([]string{}, args...), "-d", b.Device)
-		cli := append(append([]string{}, args...), "-d", a.Device)
-		_, out, err := l.pair(ctx, o.Binary, a, b, srv, cli, nil, 120*time.Second)
-		row := perfRow{run: perfRun{test, size, iters}}
-		if err != nil {
-			return row, fmt.Errorf("lab: perf %s: %w", test, err)
-		}
-		row.ok, row.bw, row.rate, row.lat, row.detail = parsePerfJSON(out)
+		row := l.perfPair(ctx, o.Binary, perfRun{test, size, iters})
 		if !row.ok {
 			return row, fmt.Errorf("lab: perf %s: %s", test, row.detail)
 		}
