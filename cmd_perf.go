@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 
 	"github.com/taproce/taproce/internal/perf"
@@ -13,6 +15,19 @@ import (
 
 func init() {
 	commands["perf"] = command{"measure RDMA bandwidth and latency as perftest does (write_bw, send_lat, …), against perftest or taproce", runPerf}
+}
+
+// singleProc runs the process on one P unless GOMAXPROCS says otherwise:
+// perf and pingpong measure with one goroutine, as perftest and the
+// pingpong tools measure with one thread, and the Go scheduler's other Ps
+// would only spin up threads that look for work between two polls —
+// taking the core the appliance's data path needs on a small machine
+// (BenchmarkLabSpeed on 2 cores: send_lat 47–54 µs with the default,
+// 31–33 µs with one P).
+func singleProc() {
+	if os.Getenv("GOMAXPROCS") == "" {
+		runtime.GOMAXPROCS(1)
+	}
 }
 
 // runPerf implements `taproce perf TEST [options] [server-address]`:
@@ -33,6 +48,7 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "taproce perf: %v\n\n%s", err, perf.Usage())
 		return 2
 	}
+	singleProc()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if _, err := perf.Run(ctx, cfg, stdout); err != nil {

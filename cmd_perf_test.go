@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -105,6 +107,32 @@ func TestPerfCommand(t *testing.T) {
 			if !strings.Contains(out, c.header) || !strings.Contains(out, "\n "+c.size+" ") {
 				t.Errorf("%s output:\n%s", c.test, out)
 			}
+		}
+	}
+}
+
+// TestSingleProc: perf and pingpong run on one P unless GOMAXPROCS says
+// otherwise.
+func TestSingleProc(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	for _, tc := range []struct {
+		env  string
+		set  bool
+		want int
+	}{
+		{want: 1},
+		{env: "3", set: true, want: 3},
+	} {
+		runtime.GOMAXPROCS(3) // as the runtime would have set it from the environment
+		if tc.set {
+			t.Setenv("GOMAXPROCS", tc.env)
+		} else {
+			t.Setenv("GOMAXPROCS", "")
+			os.Unsetenv("GOMAXPROCS")
+		}
+		singleProc()
+		if got := runtime.GOMAXPROCS(0); got != tc.want {
+			t.Errorf("GOMAXPROCS=%q: %d Ps, want %d", tc.env, got, tc.want)
 		}
 	}
 }

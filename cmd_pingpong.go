@@ -31,6 +31,7 @@ func runPingpong(args []string, stdout, stderr io.Writer) int {
 		pingpong.Usage(stderr, argv0)
 		return 2
 	}
+	singleProc()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if _, err := pingpong.Run(ctx, o, pingpong.Env{}, stdout); err != nil {
