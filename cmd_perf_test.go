@@ -116,15 +116,14 @@ func TestPerfCommand(t *testing.T) {
 func TestSingleProc(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
 	for _, tc := range []struct {
-		env  string
-		set  bool
+		env  string // empty: not set
 		want int
 	}{
 		{want: 1},
-		{env: "3", set: true, want: 3},
+		{env: "3", want: 3},
 	} {
 		runtime.GOMAXPROCS(3) // as the runtime would have set it from the environment
-		if tc.set {
+		if tc.env != "" {
 			t.Setenv("GOMAXPROCS", tc.env)
 		} else {
 			t.Setenv("GOMAXPROCS", "")
