@@ -26,7 +26,7 @@ type Options struct {
 	LocalSwitch bool
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
-	// Linger is how long a dead client's QPs answer their peers with NAKs
+	// Linger is how long a destroyed or dead client's QP answers its peer
 	// (control.Config.Linger).
 	Linger time.Duration
 	// PeerNetns replaces how the control server finds a client's

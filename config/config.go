@@ -51,8 +51,8 @@ const (
 	// DefaultPoll is how the appliance waits for clients' posts when the
 	// file does not say.
 	DefaultPoll = PollAdaptive
-	// DefaultLinger is how long a dead client's queue pairs keep answering
-	// their peers when the file does not say.
+	// DefaultLinger is how long a destroyed queue pair, or a dead
+	// client's, keeps answering its peer when the file does not say.
 	DefaultLinger = 30 * time.Second
 	// DefaultLogLevel is the log level when the file gives none.
 	DefaultLogLevel = "info"
@@ -150,8 +150,9 @@ type Config struct {
 	Poll string
 	// Limits bound what one client may hold.
 	Limits Limits
-	// Linger is how long the queue pairs of a client that died keep
-	// answering their peers (with a NAK) before they go; positive.
+	// Linger is how long a connected RC queue pair keeps answering its
+	// peer after its client destroyed it or died: a retransmission of what
+	// it executed is acknowledged again, anything else NAKed; positive.
 	Linger time.Duration
 	// DefaultMTU is the MTU of a port whose table gives none, within
 	// MinMTU..MaxMTU.

@@ -433,3 +433,38 @@ func TestRecvFlushInError(t *testing.T) {
 		})
 	}
 }
+
+// TestDestroyLingers: a client destroys its connected RC QP; the QP stays
+// in its port's engine for the linger (transport.Engine.Close), and a
+// request that arrives for it then is refused with a NAK, so the peer,
+// with retry_cnt 7 that never runs out, fails with REM_OP_ERR at once
+// instead of retrying into silence.
+func TestDestroyLingers(t *testing.T) {
+	r := newRig(t, false)
+	a, b := newEnd(t, r.ca, verbs.RC, 1<<16), newEnd(t, r.cb, verbs.RC, 1<<16)
+	connectRC(t, a, b, r.ga, r.gb)
+	write := func(id uint64) verbs.WC {
+		_, err := a.qp.PostSend([]verbs.SendWR{{ID: id, Opcode: verbs.WRRDMAWrite, Flags: verbs.SendSignaled,
+			SGL: []verbs.SGE{a.mr.SGE(0, 4096)}, RemoteAddr: b.mr.Addr(), RKey: b.mr.RKey}})
+		must(t, err)
+		return wait(t, a.cq, 1)[0]
+	}
+	if wc := write(1); wc.Status != verbs.WCSuccess {
+		t.Fatalf("WRITE before the destroy: %+v", wc)
+	}
+	count := func() int {
+		n := 0
+		for _, nic := range r.app.NICs() {
+			n += nic.Engine().QPCount()
+		}
+		return n
+	}
+	before := count()
+	must(t, b.qp.Destroy(testCtx(t)))
+	if got := count(); got != before {
+		t.Fatalf("%d QPs in the engines after the destroy, want %d (the destroyed one lingering)", got, before)
+	}
+	if wc := write(2); wc.Status != verbs.WCRemOpErr {
+		t.Fatalf("WRITE to the destroyed QP: %+v, want REM_OP_ERR", wc)
+	}
+}

@@ -801,7 +801,9 @@ func (ss *session) destroy(op abi.Op, h abi.Handle) error {
 		if q == nil {
 			return missing
 		}
-		if err := dev.Engine.DestroyQP(q.qp); err != nil {
+		// A connected RC QP lingers, answering its peer's retransmissions
+		// of what it executed (transport.Engine.Close).
+		if err := dev.Engine.Close(q.qp, ss.srv.cfg.Linger); err != nil {
 			return err
 		}
 		q.scq.refs--

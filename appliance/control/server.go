@@ -136,8 +136,9 @@ type Config struct {
 	Limits Limits
 	// Poll is how the appliance waits for posts.
 	Poll PollMode
-	// Linger is how long a dead client's QPs answer their peers with a
-	// NAK before they go (default 30 s).
+	// Linger is how long a connected RC QP answers its peer after its
+	// client destroyed it or died (transport.Engine.Close and Kill;
+	// default 30 s).
 	Linger time.Duration
 	// Logger for the server's events (default slog.Default()).
 	Logger *slog.Logger

@@ -325,49 +325,80 @@ func (e *Engine) CreateQP(c QPConfig) (*QP, error) {
 func (e *Engine) DestroyQP(qp *QP) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if err := e.holds(qp); err != nil {
+		return err
+	}
+	e.remove(qp)
+	return nil
+}
+
+// holds reports an error when qp is not the engine's. e.mu is held.
+func (e *Engine) holds(qp *QP) error {
 	if e.qps[qp.num] != qp {
 		return fmt.Errorf("%w: queue pair %#x is not there", ErrInvalid, qp.num)
 	}
-	e.remove(qp)
 	return nil
 }
 
 // Kill ends a queue pair whose owner is gone, such as a client process
 // that died, so that its peer fails instead of waiting for it. The QP
 // goes to the error state at once, its work flushed as a modify to ERR
-// flushes it (IBA 10.3.1). For linger after that, measured with the
-// engine's clock and checked by Tick, every RC request that arrives for
-// it is answered, not dropped: with a NAK of the remote operational error
-// code (AETH NAK code 3, IBA 9.7.5.2.1 table 44) carrying the QP's MSN as
-// it stands and the request's PSN, or the expected PSN when the request
-// lies beyond a gap, so that nothing the QP never executed is
-// acknowledged. The remote requester completes its work with
-// IBV_WC_REM_OP_ERR and moves to the error state (IBA 9.9.3.1.3), where
-// a dropped request would leave it retrying, forever with the retry_cnt
-// of 7 rxe takes as infinite. Then the QP is removed as DestroyQP removes
-// it; a linger of zero or less removes it at once. A killed QP refuses
-// Modify.
+// flushes it (IBA 10.3.1), and then lingers (see lingerAnswer) for
+// linger, measured with the engine's clock and checked by Tick: a request
+// it executed before, whose acknowledgement the network lost, is answered
+// as a duplicate (IBA 9.7.4.1.2); every other RC request gets a NAK of the
+// remote operational error code (AETH NAK code 3, IBA 9.7.5.2.1 table 44),
+// so that the remote requester completes its work with IBV_WC_REM_OP_ERR
+// and moves to the error state (IBA 9.9.3.1.3), where a dropped request
+// would leave it retrying, forever with the retry_cnt of 7 rxe takes as
+// infinite. Then the QP is removed as DestroyQP removes it; a linger of
+// zero or less removes it at once. A killed QP refuses Modify and posts.
 func (e *Engine) Kill(qp *QP, linger time.Duration) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	defer e.flush()
-	if e.qps[qp.num] != qp {
-		return fmt.Errorf("%w: queue pair %#x is not there", ErrInvalid, qp.num)
+	if err := e.holds(qp); err != nil {
+		return err
 	}
 	if qp.state != StateErr {
 		qp.toError(WCWRFlushErr, false)
 	}
-	qp.nakAt, qp.inMsg = time.Time{}, false
-	if qp.stash != nil {
-		qp.stash.clear()
+	e.retire(qp, linger)
+	return nil
+}
+
+// Close destroys a queue pair at its owner's request (ibv_destroy_qp,
+// IBA 11.2.4.4): its outstanding work is dropped without completions and
+// nothing it does reaches its CQs again. An RC QP that has had a peer
+// (RTR or later) lingers as a killed one does (Kill) before it goes: the
+// last request it executed may still wait for an acknowledgement the
+// network lost, and the requester, which retries into silence (forever
+// with rxe's retry_cnt of 7) when nothing answers, gets it again. Any
+// other QP, or a linger of zero or less, is removed at once, as
+// DestroyQP removes it.
+func (e *Engine) Close(qp *QP, linger time.Duration) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	defer e.flush()
+	if err := e.holds(qp); err != nil {
+		return err
 	}
-	qp.killed = true
+	if qp.cfg.Type != RC || qp.state < StateRTR || !qp.tmpl.Dst.IsValid() {
+		linger = 0
+	}
+	qp.state = StateErr
+	e.retire(qp, linger)
+	return nil
+}
+
+// retire removes a killed or closed QP, after linger when it is
+// positive. e.mu is held.
+func (e *Engine) retire(qp *QP, linger time.Duration) {
 	if linger <= 0 {
 		e.remove(qp)
-		return nil
+		return
 	}
-	qp.killAt = e.cfg.Now().Add(linger)
-	return nil
+	qp.linger(linger)
 }
 
 // remove takes a queue pair out of the engine. e.mu is held.
@@ -401,7 +432,7 @@ func (e *Engine) receiveLocked(frame []byte, p *roce.Packet) {
 	info := p.Info()
 	switch {
 	case qp.killed:
-		qp.refuse(p)
+		qp.lingerAnswer(frame, p)
 	case info.Has(roce.Request):
 		qp.respond(frame, p)
 	case info.Flags&(roce.Response|roce.Ack) != 0:
@@ -420,8 +451,8 @@ func (e *Engine) Barrier() {
 	e.mu.Unlock()
 }
 
-// QPCount returns how many queue pairs the engine holds (killed ones
-// included until their linger ends).
+// QPCount returns how many queue pairs the engine holds (killed and
+// closed ones included until their linger ends).
 func (e *Engine) QPCount() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -446,7 +477,7 @@ func (e *Engine) ReceiveLocal(frame []byte, p *roce.Packet, ref []byte) {
 
 // Tick runs the timers that are due: retransmission after a local ACK
 // timeout, resumption after an RNR delay, the removal of a killed queue
-// pair whose linger is over.
+// pair whose linger is over (Kill, Close).
 func (e *Engine) Tick() {
 	e.mu.Lock()
 	defer e.mu.Unlock()

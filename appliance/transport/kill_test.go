@@ -118,10 +118,13 @@ func TestKill(t *testing.T) {
 	}
 }
 
-// TestKillNAK: the NAK a killed QP answers with, request by request: the
-// remote operational error code, the MSN as it stands, and the request's
-// PSN, or the expected PSN for a request beyond it (a NAK acknowledges
-// every PSN before its own). Acknowledgements and responses are dropped.
+// TestKillNAK: what a killed QP answers, request by request: a duplicate
+// of a request it executed is acknowledged again as the live QP would
+// (with the last PSN it executed); anything else gets a NAK of the remote
+// operational error code with the request's PSN, or the expected PSN for
+// a request beyond it (a NAK acknowledges every PSN before its own): a
+// new request, a duplicate READ it never executed. Both carry the MSN as
+// it stands. Acknowledgements and responses are dropped.
 func TestKillNAK(t *testing.T) {
 	s := newSim(t, impair.Spec{}, 1500)
 	c := s.connect(connOpts{retry: 7, rnr: 7, psnA: 1000})
@@ -141,14 +144,16 @@ func TestKillNAK(t *testing.T) {
 		psn     roce.PSN
 		nakPSN  roce.PSN
 		answers bool
+		ack     bool // an ACK, not a NAK
 	}{
-		{"expected WRITE", roce.RCRDMAWriteOnly, 1003, 1003, true},
-		{"duplicate WRITE", roce.RCRDMAWriteFirst, 1000, 1000, true},
-		{"READ beyond a gap", roce.RCRDMAReadRequest, 1010, 1003, true},
-		{"SEND beyond a gap", roce.RCSendMiddle, 1004, 1003, true},
-		{"atomic", roce.RCFetchAdd, 1003, 1003, true},
-		{"ACK", roce.RCAcknowledge, 1003, 0, false},
-		{"READ response", roce.RCRDMAReadResponseOnly, 1003, 0, false},
+		{"expected WRITE", roce.RCRDMAWriteOnly, 1003, 1003, true, false},
+		{"duplicate WRITE", roce.RCRDMAWriteFirst, 1000, 1002, true, true},
+		{"duplicate READ never executed", roce.RCRDMAReadRequest, 1001, 1001, true, false},
+		{"READ beyond a gap", roce.RCRDMAReadRequest, 1010, 1003, true, false},
+		{"SEND beyond a gap", roce.RCSendMiddle, 1004, 1003, true, false},
+		{"atomic", roce.RCFetchAdd, 1003, 1003, true, false},
+		{"ACK", roce.RCAcknowledge, 1003, 0, false, false},
+		{"READ response", roce.RCRDMAReadResponseOnly, 1003, 0, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sent = sent[:0]
@@ -179,13 +184,17 @@ func TestKillNAK(t *testing.T) {
 				return
 			}
 			if len(sent) != 1 {
-				t.Fatalf("%d answers, want one NAK", len(sent))
+				t.Fatalf("%d answers, want one", len(sent))
 			}
 			a := sent[0]
-			if a.BTH.Opcode != roce.RCAcknowledge || a.BTH.DestQP != c.qa.Num() || a.AETH.Syndrome != roce.SyndromeNAK|roce.NAKRemoteOperationError ||
+			syn, what := roce.SyndromeNAK|roce.NAKRemoteOperationError, "a remote operational error NAK"
+			if tc.ack {
+				syn, what = roce.SyndromeACK|roce.CreditInvalid, "an ACK"
+			}
+			if a.BTH.Opcode != roce.RCAcknowledge || a.BTH.DestQP != c.qa.Num() || a.AETH.Syndrome != syn ||
 				a.BTH.PSN != tc.nakPSN || a.AETH.MSN != 1 {
-				t.Fatalf("answer %v to QP %#x, PSN %d, syndrome %#x, MSN %d; want a remote operational error NAK to %#x, PSN %d, MSN 1",
-					a.BTH.Opcode, a.BTH.DestQP, a.BTH.PSN, uint8(a.AETH.Syndrome), a.AETH.MSN, c.qa.Num(), tc.nakPSN)
+				t.Fatalf("answer %v to QP %#x, PSN %d, syndrome %#x, MSN %d; want %s to %#x, PSN %d, MSN 1",
+					a.BTH.Opcode, a.BTH.DestQP, a.BTH.PSN, uint8(a.AETH.Syndrome), a.AETH.MSN, what, c.qa.Num(), tc.nakPSN)
 			}
 		})
 	}

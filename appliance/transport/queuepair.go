@@ -90,7 +90,8 @@ type QP struct {
 	cacheN  int
 	stash   *reorderStash
 
-	// Kill: requests are refused until killAt, then the QP is removed.
+	// Kill and Close: the QP only answers requests (lingerAnswer) until
+	// killAt, then it is removed.
 	killed bool
 	killAt time.Time
 
@@ -125,7 +126,7 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	defer e.mu.Unlock()
 	defer e.flush()
 	if qp.killed {
-		return fmt.Errorf("%w: queue pair %#x is killed", ErrState, qp.num)
+		return fmt.Errorf("%w: queue pair %#x is killed or closed", ErrState, qp.num)
 	}
 	to, err := checkModify(qp.cfg.Type, qp.state, attr, mask)
 	if err != nil {
@@ -313,6 +314,9 @@ func (qp *QP) PostSend(wrs []SendWR) (int, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	defer e.flush()
+	if qp.killed {
+		return 0, fmt.Errorf("%w: queue pair %#x is killed or closed", ErrState, qp.num)
+	}
 	if qp.state < StateRTS && qp.state != StateErr || qp.state == StateSQE {
 		return 0, fmt.Errorf("%w: post send in %v", ErrState, qp.state)
 	}
@@ -397,6 +401,9 @@ func (qp *QP) PostRecv(wrs []RecvWR) (int, error) {
 	e := qp.e
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if qp.killed {
+		return 0, fmt.Errorf("%w: queue pair %#x is killed or closed", ErrState, qp.num)
+	}
 	if qp.state == StateReset {
 		return 0, fmt.Errorf("%w: post receive in RESET", ErrState)
 	}

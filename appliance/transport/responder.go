@@ -88,18 +88,50 @@ func (qp *QP) execute(frame []byte, p *roce.Packet) {
 	}
 }
 
-// refuse answers a packet for a killed QP (Engine.Kill): an RC request is
-// NAKed with the remote operational error code and the QP's MSN, with the
+// linger makes the QP a killed or closed one until linger from now: its
+// timers stop, its queues and the packets it kept aside go, and from then
+// on lingerAnswer answers what arrives for it. e.mu is held.
+func (qp *QP) linger(linger time.Duration) {
+	qp.killed = true
+	qp.killAt = qp.e.cfg.Now().Add(linger)
+	qp.retryAt, qp.rnrAt, qp.nakAt = time.Time{}, time.Time{}, time.Time{}
+	qp.inMsg = false
+	qp.stash = nil
+	// Nothing posts to it again (PostSend and PostRecv refuse): the
+	// queues' memory need not wait for the linger.
+	qp.sq, qp.rq = nil, nil
+	qp.sqHead, qp.sqNext, qp.sqTl, qp.rqHead, qp.rqTl, qp.reqOff = 0, 0, 0, 0, 0, 0
+	// Nor does it take receives from its SRQ, which may go before it.
+	if qp.cfg.SRQ != nil {
+		qp.cfg.SRQ.users--
+		qp.cfg.SRQ = nil
+	}
+}
+
+// lingerAnswer answers a packet for a killed or closed QP (Engine.Kill,
+// Engine.Close). An RC request the QP executed before, whose answer the
+// network lost, is answered as the live QP answers a duplicate (IBA
+// 9.7.4.1.2): SEND and WRITE acknowledged again, a READ read again while
+// its region is still registered, an atomic from its saved result. Every
+// other RC request, and a duplicate that cannot be answered so, is NAKed
+// with the remote operational error code and the QP's MSN, with the
 // request's PSN, or the expected PSN when the request lies beyond it: the
-// requester takes a NAK as acknowledging every PSN before its own. Anything
-// else, and a request to a QP that never had a peer, is dropped.
-func (qp *QP) refuse(p *roce.Packet) {
+// requester takes a NAK as acknowledging every PSN before its own, and
+// nothing the QP never executed is acknowledged. Anything else, and a
+// request to a QP that never had a peer, is dropped.
+func (qp *QP) lingerAnswer(frame []byte, p *roce.Packet) {
 	if qp.cfg.Type != RC || !p.Info().Has(roce.Request) || !qp.tmpl.Dst.IsValid() {
 		qp.e.stats.dropped.Add(1)
 		return
 	}
 	psn := p.BTH.PSN
-	if psn.Diff(qp.ePSN) > 0 {
+	switch d := psn.Diff(qp.ePSN); {
+	case d < 0:
+		qp.e.stats.dupRequests.Add(1)
+		if qp.duplicate(frame, p) {
+			return
+		}
+	case d > 0:
 		psn = qp.ePSN
 	}
 	qp.e.stats.naksSent.Add(1)
@@ -386,10 +418,11 @@ func (qp *QP) recvError(w *recvWQE, st Status) {
 
 // read executes an RDMA READ request: the response packets carry the
 // request's PSNs from psn on. fresh is false for a duplicate re-executed.
-func (qp *QP) read(p *roce.Packet, psn roce.PSN, fresh bool) {
+// It reports whether it answered with the data.
+func (qp *QP) read(p *roce.Packet, psn roce.PSN, fresh bool) bool {
 	if fresh && qp.attr.Access&AccessRemoteRead == 0 {
 		qp.nak(roce.NAKRemoteAccessError)
-		return
+		return false
 	}
 	length := p.RETH.DMALen
 	buf, ok := qp.e.mem.remote(qp.cfg.PD, p.RETH.RKey, p.RETH.VA, length, AccessRemoteRead)
@@ -397,7 +430,7 @@ func (qp *QP) read(p *roce.Packet, psn roce.PSN, fresh bool) {
 		if fresh {
 			qp.nak(roce.NAKRemoteAccessError)
 		}
-		return
+		return false
 	}
 	n := roce.ReadPSNs(length, qp.pmtu)
 	if fresh {
@@ -428,6 +461,7 @@ func (qp *QP) read(p *roce.Packet, psn roce.PSN, fresh bool) {
 		qp.buildAndSend(r, &src, nil, off, k)
 	}
 	qp.scratch.segs = src.segs[:0]
+	return true
 }
 
 // atomic executes CMP_SWAP or FETCH_ADD (IBA 9.4.5) and answers with the
@@ -479,26 +513,29 @@ func (qp *QP) remember(r respEntry) {
 // duplicate answers a request the responder has seen before (IBA
 // 9.7.4.1.2): SEND and WRITE are acknowledged again, not executed; a READ
 // is executed again from memory; an atomic is answered from the saved
-// result, never executed twice.
-func (qp *QP) duplicate(frame []byte, p *roce.Packet) {
+// result, never executed twice. It reports whether it answered: a READ or
+// atomic it no longer remembers, or a READ whose region is gone, is not.
+func (qp *QP) duplicate(frame []byte, p *roce.Packet) bool {
 	info := p.Info()
 	switch {
 	case info.Has(roce.OpRead):
 		for _, r := range qp.cache {
 			if r.valid && !r.atomic && p.BTH.PSN.Diff(r.first) >= 0 && p.BTH.PSN.Diff(r.last) <= 0 {
-				qp.read(p, p.BTH.PSN, false)
-				return
+				return qp.read(p, p.BTH.PSN, false)
 			}
 		}
+		return false
 	case info.Has(roce.OpAtomic):
 		for _, r := range qp.cache {
 			if r.valid && r.atomic && r.first == p.BTH.PSN {
 				qp.sendAtomicAck(r.first, r.orig)
-				return
+				return true
 			}
 		}
+		return false
 	default:
 		qp.sendAck(qp.ePSN.Add(-1), roce.SyndromeACK|roce.CreditInvalid)
+		return true
 	}
 }
 

@@ -30,7 +30,8 @@ type simPort struct {
 	peer  *simPort
 	im    *impair.Impairer
 	sim   *sim
-	watch func(frame []byte) // when set, sees every frame the port sends
+	watch func(frame []byte)      // when set, sees every frame the port sends
+	drop  func(frame []byte) bool // when set, loses the frames it returns true for
 }
 
 // Headroom implements Output.
@@ -44,6 +45,9 @@ func (p *simPort) Send(frames [][]byte) {
 		p.sim.sent++
 		if p.watch != nil {
 			p.watch(f)
+		}
+		if p.drop != nil && p.drop(f) {
+			continue
 		}
 		p.im.Apply(f, p.sim.clock.now, func(g []byte) {
 			p.peer.inbox = append(p.peer.inbox, append([]byte(nil), g...))

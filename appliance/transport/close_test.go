@@ -1,0 +1,193 @@
+package transport
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/taproce/taproce/appliance/impair"
+	"github.com/taproce/taproce/appliance/roce"
+)
+
+// TestCloseLinger is the end of a latency run (perftest's write_lat,
+// send_lat, ibv_rc_pingpong): B's QP executes A's last request, the
+// network loses B's answer, and B's owner destroys the QP at once
+// (Close). A, with retry_cnt 7, which never runs out, retransmits; the
+// lingering QP answers the duplicate as the live one would, so A's work
+// completes successfully. A request B never executed, or a READ whose
+// region B has deregistered since, gets a remote operational error NAK
+// instead, so A fails rather than retry forever. Close completes nothing
+// on B's CQs and stops B's own timers; after the linger, measured with the
+// engine's clock, the QP is gone and its QPN free.
+func TestCloseLinger(t *testing.T) {
+	const linger = time.Second
+	for _, tc := range []struct {
+		name  string
+		op    Opcode
+		after bool // A posts after the close: B never executed the request
+		dereg bool // B deregisters its region after the close
+		want  Status
+	}{
+		{"WRITE", OpWrite, false, false, WCSuccess},
+		{"SEND", OpSend, false, false, WCSuccess},
+		{"READ", OpRead, false, false, WCSuccess},
+		{"FETCH_ADD", OpFetchAdd, false, false, WCSuccess},
+		{"READ of a deregistered region", OpRead, false, true, WCRemOpErr},
+		{"WRITE after the close", OpWrite, true, false, WCRemOpErr},
+		{"SEND after the close", OpSend, true, false, WCRemOpErr},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSim(t, impair.Spec{}, 1500)
+			c := s.connect(connOpts{retry: 7, rnr: 7})
+			const n = 3000 // three packets at path MTU 1024
+			for i := range n {
+				c.bufa[i] = byte(i*7 + 1)
+				c.bufb[8192+i] = byte(i*5 + 3)
+			}
+			binary.LittleEndian.PutUint64(c.bufb[4096:], 40)
+			_, err := c.qb.PostRecv([]RecvWR{{ID: 1, SGL: sge(c.mrb, 0, n)}, {ID: 2, SGL: sge(c.mrb, 0, n)}})
+			must(t, err)
+			// B's own SEND waits for a receive A never posts (RNR).
+			_, err = c.qb.PostSend([]SendWR{{ID: 9, Opcode: OpSend, Flags: SendSignaled, SGL: sge(c.mrb, 0, 64)}})
+			must(t, err)
+			s.run(10000, func() bool { return !c.qb.rnrAt.IsZero() })
+			wr := SendWR{ID: 5, Opcode: tc.op, Flags: SendSignaled, SGL: sge(c.mra, 0, n), RemoteAddr: base, RKey: c.mrb.RKey}
+			switch tc.op {
+			case OpRead:
+				wr.SGL, wr.RemoteAddr = sge(c.mra, 16384, n), base+8192
+			case OpFetchAdd:
+				wr.SGL, wr.RemoteAddr, wr.CompareAdd = sge(c.mra, 16384, 8), base+4096, 2
+			}
+			qpn := c.qb.Num()
+			closeB := func() {
+				must(t, s.b.eng.Close(c.qb, linger))
+				if tc.dereg {
+					must(t, s.b.eng.Memory().Deregister(c.mrb))
+				}
+			}
+			if tc.after {
+				closeB()
+			} else {
+				// B executes the request; every answer it sends is lost.
+				ePSN := c.qb.ePSN
+				s.b.drop = func([]byte) bool { return true }
+				_, err = c.qa.PostSend([]SendWR{wr})
+				must(t, err)
+				s.run(10000, func() bool { return c.qb.ePSN != ePSN && len(s.b.inbox) == 0 })
+				// What B completed before the close stays completed.
+				got := poll(c.rcqb)
+				if tc.op == OpSend && (len(got) != 1 || got[0].ID != 1 || got[0].Status != WCSuccess) {
+					t.Fatalf("B's receive completions before the close: %+v", got)
+				}
+				closeB()
+				s.b.drop = nil
+			}
+			closedAt := s.clock.now
+			if tc.after {
+				_, err = c.qa.PostSend([]SendWR{wr})
+				must(t, err)
+			}
+			var wcs []WC
+			s.run(100000, func() bool { wcs = append(wcs, poll(c.cqa)...); return len(wcs) == 1 })
+			if wcs[0].ID != 5 || wcs[0].Status != tc.want {
+				t.Fatalf("A's completion: %+v (%v), want %v", wcs[0], wcs[0].Status, tc.want)
+			}
+			if tc.want == WCSuccess {
+				if s.b.eng.Stats().DuplicateRequests == 0 {
+					t.Error("B answered no duplicate")
+				}
+				switch tc.op {
+				case OpWrite:
+					if !bytes.Equal(c.bufb[:n], c.bufa[:n]) {
+						t.Error("the WRITE's data is not in B's memory")
+					}
+				case OpRead:
+					if !bytes.Equal(c.bufa[16384:16384+n], c.bufb[8192:8192+n]) {
+						t.Error("the READ's data is not in A's memory")
+					}
+				case OpFetchAdd:
+					if got, mem := binary.LittleEndian.Uint64(c.bufa[16384:]), binary.LittleEndian.Uint64(c.bufb[4096:]); got != 40 || mem != 42 {
+						t.Errorf("FETCH_ADD returned %d and left %d, want 40 and 42 (executed once)", got, mem)
+					}
+				}
+			} else if st := c.qa.State(); st != StateErr {
+				t.Errorf("A's QP in %v after REM_OP_ERR, want ERR", st)
+			}
+			if got := append(poll(c.cqb), poll(c.rcqb)...); len(got) != 0 {
+				t.Fatalf("B's CQs got %+v after Close", got)
+			}
+			if _, err := c.qb.PostSend([]SendWR{{ID: 10, Opcode: OpSend, SGL: sge(c.mrb, 0, 8)}}); !errors.Is(err, ErrState) {
+				t.Errorf("PostSend on a closed QP: %v", err)
+			}
+			if _, err := c.qb.PostRecv([]RecvWR{{ID: 10, SGL: sge(c.mrb, 0, 8)}}); !errors.Is(err, ErrState) {
+				t.Errorf("PostRecv on a closed QP: %v", err)
+			}
+			if err := c.qb.Modify(&QPAttr{State: StateReset}, AttrState); !errors.Is(err, ErrState) {
+				t.Errorf("Modify of a closed QP: %v", err)
+			}
+			if s.b.eng.qps[qpn] != c.qb || !s.clock.now.Before(closedAt.Add(linger)) {
+				t.Fatalf("A was answered at %v, after the linger ending at %v", s.clock.now, closedAt.Add(linger))
+			}
+			s.run(1_000_000, func() bool { return s.b.eng.qps[qpn] == nil })
+			if s.clock.now.Before(closedAt.Add(linger)) {
+				t.Fatalf("QP removed at %v, before the linger ended at %v", s.clock.now, closedAt.Add(linger))
+			}
+			if _, ok := s.b.eng.NextDeadline(); ok {
+				t.Error("B has a timer left after the removal")
+			}
+			if err := s.b.eng.Close(c.qb, linger); !errors.Is(err, ErrInvalid) {
+				t.Errorf("Close after the linger: %v", err)
+			}
+		})
+	}
+}
+
+// TestCloseAtOnce: Close removes at once what has nothing to linger for:
+// a UD QP, an RC QP that never had a peer, any QP with a linger of zero.
+// A lingering QP no longer holds its SRQ, which can be destroyed at once.
+func TestCloseAtOnce(t *testing.T) {
+	s := newSim(t, impair.Spec{}, 1500)
+	e := s.b.eng
+	pd := e.Memory().NewPD()
+	cq := NewCQ(16, nil)
+	mk := func(typ QPType, srq *SRQ) *QP {
+		qp, err := e.CreateQP(QPConfig{Type: typ, PD: pd, SendCQ: cq, RecvCQ: cq, MaxSendWR: 4, MaxRecvWR: 4, SRQ: srq})
+		must(t, err)
+		return qp
+	}
+	ud := mk(UD, nil)
+	must(t, ud.Modify(&QPAttr{State: StateInit, Port: 1, QKey: 7}, AttrState|AttrPKeyIndex|AttrPort|AttrQKey))
+	rcInit := mk(RC, nil)
+	must(t, rcInit.Modify(&QPAttr{State: StateInit, Port: 1}, AttrState|AttrPKeyIndex|AttrPort|AttrAccessFlags))
+	for _, tc := range []struct {
+		name   string
+		qp     *QP
+		linger time.Duration
+	}{
+		{"UD", ud, time.Minute},
+		{"RC in INIT", rcInit, time.Minute},
+		{"RTS with no linger", s.connect(connOpts{}).qb, 0},
+	} {
+		before := e.QPCount()
+		must(t, e.Close(tc.qp, tc.linger))
+		if got := e.QPCount(); got != before-1 {
+			t.Errorf("%s: %d QPs after Close, want %d", tc.name, got, before-1)
+		}
+	}
+	srq, err := e.CreateSRQ(SRQConfig{PD: pd, MaxWR: 4})
+	must(t, err)
+	qp := mk(RC, srq)
+	must(t, qp.Modify(&QPAttr{State: StateInit, Port: 1}, AttrState|AttrPKeyIndex|AttrPort|AttrAccessFlags))
+	must(t, qp.Modify(&QPAttr{State: StateRTR, AV: AddressVector{DstIP: s.a.ip, DstMAC: s.a.mac, SGIDIndex: 1},
+		PathMTU: roce.MTU1024, DestQPN: 5, MaxDestRdAtomic: 1, MinRNRTimer: 1},
+		AttrState|AttrAV|AttrPathMTU|AttrDestQPN|AttrRQPSN|AttrMaxDestRdAtomic|AttrMinRNRTimer))
+	must(t, e.Close(qp, time.Minute))
+	if e.qps[qp.Num()] != qp {
+		t.Fatal("a connected RC QP did not linger")
+	}
+	if err := e.DestroySRQ(srq); err != nil {
+		t.Fatalf("DestroySRQ after its QP's Close: %v", err)
+	}
+}
