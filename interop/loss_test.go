@@ -16,12 +16,14 @@ import (
 	"github.com/taproce/taproce/appliance/impair"
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/appliance/transport"
+	"github.com/taproce/taproce/internal/perf"
 )
 
 // This file runs the perftest matrix at path MTU 1024 and ibv_rc_pingpong
 // while each side loses 1 % of the frames it sends: netem in the VM
-// (eth0's root qdisc) drops rxe's, the impairment of taproce's port
-// (appliance/impair, seeded) drops taproce's. Every run must still end
+// drops rxe's (sparing its ACKs in the ping-pong runs, see netemCommand),
+// the impairment of taproce's port (appliance/impair, seeded) drops
+// taproce's. Every run must still end
 // well; retransmissions after ACK timeouts and PSN sequence error NAKs
 // are the expected recovery, any other NAK, an RNR NAK or an exhausted retry
 // count is a failure.
@@ -64,52 +66,157 @@ var lossPingpongs = []ppCase{
 	{typ: transport.RC, mtu: 1024, size: 65536, iters: 10},
 }
 
-// netemCommand is the qdisc that makes the VM lose frames.
-func netemCommand() string {
-	return "tc qdisc replace dev eth0 root netem loss " + strconv.FormatFloat(lossRate*100, 'g', -1, 64) + "%"
+// The VM's loss comes in two forms. In the first, netem as eth0's root
+// qdisc loses lossRate of every frame rxe sends. The second spares rxe's
+// RC Acknowledge packets (BTH opcode 0x11, ACKs and NAKs): a prio qdisc
+// whose u32 filter sends them to a band of their own, and netem on the
+// other band. It is for the ping-pong runs (ib_write_lat, ib_send_lat,
+// ibv_rc_pingpong), which end without a closing handshake: each side
+// destroys its QP as soon as its own last completion is in, so when rxe's
+// acknowledgement of taproce's last message (or of the one before, which
+// the peer's last message overtakes) is lost, taproce retransmits to a QP
+// that no longer exists, and retries forever with the retry_cnt of 7 that
+// rxe and taproce take as infinite. Between two rxe the same race leaves
+// the same hang. The other way round, taproce's lost acknowledgements
+// are answered again by its QPs' linger (transport.Engine.Close), so
+// taproce's own loss stays whole.
+
+// netemLoss is the netem arguments of lossRate.
+func netemLoss() string {
+	return "netem loss " + strconv.FormatFloat(lossRate*100, 'g', -1, 64) + "%"
+}
+
+// netemCommand is the qdisc that makes the VM lose frames; with spareACKs
+// its RC Acknowledge packets are not lost.
+func netemCommand(spareACKs bool) string {
+	if !spareACKs {
+		return "tc qdisc del dev eth0 root 2>/dev/null; tc qdisc add dev eth0 root " + netemLoss()
+	}
+	return "tc qdisc del dev eth0 root 2>/dev/null; " +
+		"tc qdisc add dev eth0 root handle 1: prio bands 2 priomap 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 && " +
+		"tc qdisc add dev eth0 parent 1:2 handle 20: " + netemLoss() + " && " +
+		// IPv4 (no options), UDP to port 4791, BTH opcode at byte 28.
+		"tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 4791 0xffff match u8 0x11 0xff at 28 flowid 1:1"
+}
+
+// peerLoss is the VM's loss for the rest of a test (withPeerLoss).
+type peerLoss struct {
+	t       *testing.T
+	p       *Peer
+	set     bool
+	spare   bool   // the qdisc in place spares ACKs
+	spared  bool   // the form that spares ACKs was used
+	dropped uint64 // what the qdiscs replaced had dropped
+	acks    uint64 // the ACKs the filters replaced had spared
 }
 
 // withPeerLoss makes the VM lose lossRate of the frames it sends for the
-// rest of the test (netem as eth0's root qdisc). After the test, whether
-// it passes or fails, it removes the qdisc, and reports an error when
-// netem dropped nothing.
-func withPeerLoss(t *testing.T, p *Peer) {
+// rest of the test, every frame until told otherwise (peerLoss.use).
+// After the test, whether it passes or fails, it removes the qdisc, and
+// reports an error when netem dropped nothing, or when the form that
+// spares ACKs was used and its filter never matched one.
+func withPeerLoss(t *testing.T, p *Peer) *peerLoss {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	l := &peerLoss{t: t, p: p}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		out, stderr, err := p.Exec(ctx, "tc -s qdisc show dev eth0; tc qdisc del dev eth0 root")
-		t.Logf("VM qdisc at the end:\n%s", strings.TrimSpace(out))
-		if err != nil {
-			t.Errorf("removing the VM's netem qdisc: %v: %s", err, stderr)
-			return
-		}
-		switch n, err := netemDropped(out); {
+		dropped, acks, err := l.counts("tc qdisc del dev eth0 root")
+		switch {
 		case err != nil:
-			t.Error(err)
-		case n == 0:
+			t.Errorf("removing the VM's netem qdisc: %v", err)
+		case dropped == 0:
 			t.Error("netem in the VM dropped no frame")
+		case l.spared && acks == 0:
+			t.Error("the VM's filter that spares ACKs never matched one")
+		default:
+			t.Logf("netem in the VM dropped %d frames; its filter spared %d ACKs", dropped, acks)
 		}
 	})
-	if _, stderr, err := p.Exec(ctx, netemCommand()); err != nil {
-		t.Fatalf("%v: %s", err, stderr)
+	l.use(false)
+	return l
+}
+
+// use puts the form of loss in place: with spareACKs, the one that spares
+// rxe's ACKs. The qdisc's counts so far are kept.
+func (l *peerLoss) use(spareACKs bool) {
+	l.t.Helper()
+	if l.set && l.spare == spareACKs {
+		return
 	}
+	l.spared = l.spared || spareACKs
+	if l.set {
+		if _, _, err := l.counts(""); err != nil {
+			l.t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, stderr, err := l.p.Exec(ctx, netemCommand(spareACKs)); err != nil {
+		l.t.Fatalf("%v: %s", err, stderr)
+	}
+	l.set, l.spare = true, spareACKs
+}
+
+// counts adds the counts of the qdisc in place to the ones before it,
+// then runs then, and returns the totals.
+func (l *peerLoss) counts(then string) (dropped, acks uint64, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := "tc -s qdisc show dev eth0; tc -s filter show dev eth0"
+	if then != "" {
+		cmd += "; " + then
+	}
+	out, stderr, err := l.p.Exec(ctx, cmd)
+	l.t.Logf("VM qdisc:\n%s", strings.TrimSpace(out))
+	if err != nil {
+		return 0, 0, fmt.Errorf("%w: %s", err, stderr)
+	}
+	n, err := netemDropped(out)
+	if err != nil {
+		return 0, 0, err
+	}
+	l.dropped += n
+	l.acks += filterMatched(out)
+	return l.dropped, l.acks, nil
 }
 
 // netemDropped returns how many frames the netem qdisc has dropped from
-// the output of `tc -s qdisc show`.
+// the output of `tc -s qdisc show`: the count of the netem qdisc's own
+// statistics, whether it is the root or a prio band's.
 func netemDropped(out string) (uint64, error) {
-	_, rest, ok := strings.Cut(out, "(dropped ")
-	if !ok || !strings.Contains(out, "qdisc netem") {
+	_, netem, ok := strings.Cut(out, "qdisc netem")
+	if !ok {
 		return 0, fmt.Errorf("interop: no netem qdisc on the VM's eth0:\n%s", out)
+	}
+	_, rest, ok := strings.Cut(netem, "(dropped ")
+	if !ok {
+		return 0, fmt.Errorf("interop: no statistics of the VM's netem qdisc:\n%s", out)
 	}
 	n, err := strconv.ParseUint(rest[:strings.Index(rest+",", ",")], 10, 64)
 	if err != nil {
 		return 0, fmt.Errorf("interop: netem statistics %q: %w", out, err)
 	}
 	return n, nil
+}
+
+// filterMatched returns how many packets the u32 filters matched, from
+// the output of `tc -s filter show`: the sum of their "success" counts.
+func filterMatched(out string) uint64 {
+	var n uint64
+	for _, line := range strings.Split(out, "\n") {
+		_, rest, ok := strings.Cut(line, "(rule hit ")
+		if !ok {
+			continue
+		}
+		_, rest, ok = strings.Cut(rest, " success ")
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(rest), ")"), 10, 64)
+		if err == nil {
+			n += v
+		}
+	}
+	return n
 }
 
 // lossErrorCounters are the rxe counters that must not move under loss
@@ -199,8 +306,8 @@ func (c *lossCheck) finish(t *testing.T, before, after Counters) {
 // TestPerftestLoss: the perftest matrix of TestPerftest at path MTU 1024
 // (every test both ways at 2 B, 4 KiB, 64 KiB and 1 MiB, lossIters
 // iterations; both atomics) and ibv_rc_pingpong with -c on both sides,
-// both ways, while rxe and taproce each lose 1 % of the frames they send.
-// Each run must end with exit status 0 and the right result lines on both
+// both ways, while rxe and taproce each lose 1 % of the frames they send
+// (rxe's ACKs spared in the ping-pong runs: peerLoss). Each run must end with exit status 0 and the right result lines on both
 // sides, and the counters must show only the recovery from loss
 // (checkLoss). Recorded in the results file with their loss and recovery.
 func TestPerftestLoss(t *testing.T) {
@@ -212,11 +319,14 @@ func TestPerftestLoss(t *testing.T) {
 	if _, err := r.nic.Resolve(ctx, p.IP); err != nil {
 		t.Fatalf("the port does not reach the VM: %v", err)
 	}
-	withPeerLoss(t, p)
+	loss := withPeerLoss(t, p)
 	for _, c := range lossCases() {
+		pp := c.test().Kind == perf.Lat && (c.test().Verb == perf.Write || c.test().Verb == perf.Send)
+		loss.use(pp)
 		t.Run(c.name()+"/vm-server", func(t *testing.T) { perfVMServer(t, p, r, c, 1024, perfRec) })
 		t.Run(c.name()+"/vm-client", func(t *testing.T) { perfVMClient(t, p, r, c, 1024, perfRec) })
 	}
+	loss.use(true) // ibv_rc_pingpong
 	var last *lossCheck
 	side := toolSide{bin: r.bin, sock: r.sock, local: perfAddr.Addr(), check: func(int) counterCheck {
 		last = &lossCheck{r: r, s0: r.snap()}
@@ -415,7 +525,37 @@ func TestWireTally(t *testing.T) {
 	}
 }
 
-// TestNetemDropped parses netem's statistics.
+// prioQdisc and u32Filter are what `tc -s qdisc show` and `tc -s filter
+// show` print for the loss that spares ACKs (netemCommand(true)).
+const (
+	prioQdisc = `qdisc prio 1: root refcnt 2 bands 2 priomap 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1
+ Sent 2410 bytes 23 pkt (dropped 12, overlimits 0 requeues 0) 
+ backlog 0b 0p requeues 0
+qdisc netem 20: parent 1:2 limit 1000 loss 1%
+ Sent 1410 bytes 13 pkt (dropped 10, overlimits 0 requeues 0) 
+ backlog 0b 0p requeues 0
+`
+	u32Filter = `filter parent 1: protocol ip pref 1 u32 chain 0 
+filter parent 1: protocol ip pref 1 u32 chain 0 fh 800: ht divisor 1 
+filter parent 1: protocol ip pref 1 u32 chain 0 fh 800::800 order 2048 key ht 800 bkt 0 *flowid 1:1 not_in_hw (rule hit 24 success 7)
+  match 00110000/00ff0000 at 8 (success 19 ) 
+  match 000012b7/0000ffff at 20 (success 9 ) 
+  match 11000000/ff000000 at 28 (success 7 ) 
+`
+)
+
+// TestFilterMatched: the packets the u32 filter that spares ACKs matched,
+// from its statistics; none without a filter.
+func TestFilterMatched(t *testing.T) {
+	if n := filterMatched(prioQdisc + u32Filter); n != 7 {
+		t.Errorf("filterMatched = %d, want 7", n)
+	}
+	if n := filterMatched(prioQdisc); n != 0 {
+		t.Errorf("filterMatched without a filter = %d", n)
+	}
+}
+
+// TestNetemDropped parses netem's statistics, at the root or in a band.
 func TestNetemDropped(t *testing.T) {
 	for _, c := range []struct {
 		out  string
@@ -425,6 +565,7 @@ func TestNetemDropped(t *testing.T) {
 		{"qdisc netem 8001: root refcnt 2 limit 1000 loss 1%\n Sent 81247917 bytes 81385 pkt (dropped 844, overlimits 0 requeues 0) \n backlog 0b 0p requeues 0\n", 844, true},
 		{"qdisc netem 8001: root refcnt 2 limit 1000 loss 1%\n Sent 0 bytes 0 pkt (dropped 0, overlimits 0 requeues 0) \n", 0, true},
 		{"qdisc pfifo_fast 0: root refcnt 2 bands 3\n Sent 1 bytes 1 pkt (dropped 0, overlimits 0 requeues 0) \n", 0, false},
+		{prioQdisc, 10, true},
 	} {
 		n, err := netemDropped(c.out)
 		if n != c.want || (err == nil) != c.ok {

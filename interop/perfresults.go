@@ -43,6 +43,10 @@ type PerfResult struct {
 	Ours   float64 `json:"ours"`
 	Theirs float64 `json:"theirs"`
 	Unit   string  `json:"unit,omitempty"`
+	// Untimed says perftest could not time the run (its clock measurement
+	// failed): Theirs is missing, and so is Ours for a taproce server that
+	// prints its perftest client's figures.
+	Untimed bool `json:"untimed,omitempty"`
 	// Loss, when not 0, is the share of its RoCE frames each side lost on
 	// the way out during the run (netem in the VM, the port's impairment
 	// on taproce's side), e.g. 0.01; Recovery then says what was lost and
@@ -312,6 +316,8 @@ func figure(x PerfResult, v float64) string {
 	switch {
 	case !x.Pass:
 		return "❌"
+	case x.Untimed && v == 0:
+		return "untimed"
 	case x.Unit == "MB/sec":
 		return fmt.Sprintf("%.1f MB/s", v)
 	case x.Unit == "usec":
