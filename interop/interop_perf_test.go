@@ -75,6 +75,32 @@ func (r *perfRig) snap() rigSnap {
 	return s
 }
 
+// settled is snap once the port has been quiet a while (at most a few
+// seconds): under loss, a run's last packets may still be on their way
+// when the tools end, rxe retransmitting to the QP taproce destroyed and
+// the lingering QP answering it (transport.Engine.Close), and rxe counts
+// them in the run.
+func (r *perfRig) settled() rigSnap {
+	const quietFor, atMost = 250 * time.Millisecond, 3 * time.Second
+	end := time.Now().Add(atMost)
+	last, since := r.nic.Engine().Stats(), time.Now()
+	for time.Since(since) < quietFor && time.Now().Before(end) {
+		time.Sleep(10 * time.Millisecond)
+		if s := r.nic.Engine().Stats(); s.Sent != last.Sent || s.Received != last.Received {
+			last, since = s, time.Now()
+		}
+	}
+	return r.snap()
+}
+
+// end is snap at the end of a run of c: settled under loss.
+func (r *perfRig) end(c perfCase) rigSnap {
+	if c.loss != 0 {
+		return r.settled()
+	}
+	return r.snap()
+}
+
 // vmDropped returns how many frames the VM's TAP could not take between
 // s0 and s1.
 func vmDropped(s0, s1 rigSnap) uint64 {
@@ -493,7 +519,7 @@ func perfVMServer(t *testing.T, p *Peer, r *perfRig, c perfCase, mtu int, rec *p
 		args := append(c.ourArgs(mtu, size), p.IP.String())
 		o, err := r.command(rctx, args...).CombinedOutput()
 		rcancel()
-		runs[i] = run{s0: s0, s1: r.snap(), text: string(o), err: err}
+		runs[i] = run{s0: s0, s1: r.end(c), text: string(o), err: err}
 		if err == nil {
 			runs[i].out, runs[i].err = parseOurs(string(o))
 		}
@@ -572,7 +598,7 @@ func perfVMClient(t *testing.T, p *Peer, r *perfRig, c perfCase, mtu int, rec *p
 			cmd.Stdout, cmd.Stderr = &o, &o
 			err := cmd.Run()
 			rcancel()
-			runs[i] = run{s0: s0, s1: r.snap(), text: o.String(), err: err}
+			runs[i] = run{s0: s0, s1: r.end(c), text: o.String(), err: err}
 			if ctx.Err() != nil {
 				return
 			}
