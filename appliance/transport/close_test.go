@@ -61,7 +61,9 @@ func TestCloseLinger(t *testing.T) {
 				wr.SGL, wr.RemoteAddr, wr.CompareAdd = sge(c.mra, 16384, 8), base+4096, 2
 			}
 			qpn := c.qb.Num()
+			var answers []roce.Packet // what B sends once closed
 			closeB := func() {
+				s.b.watch = func(f []byte) { answers = append(answers, parsed(t, f)) }
 				must(t, s.b.eng.Close(c.qb, linger))
 				if tc.dereg {
 					must(t, s.b.eng.Memory().Deregister(c.mrb))
@@ -94,9 +96,15 @@ func TestCloseLinger(t *testing.T) {
 			if wcs[0].ID != 5 || wcs[0].Status != tc.want {
 				t.Fatalf("A's completion: %+v (%v), want %v", wcs[0], wcs[0].Status, tc.want)
 			}
+			naks := 0
+			for _, a := range answers {
+				if a.Info().Has(roce.HasAETH) && a.AETH.Syndrome.Kind() != roce.SyndromeACK {
+					naks++
+				}
+			}
 			if tc.want == WCSuccess {
-				if s.b.eng.Stats().DuplicateRequests == 0 {
-					t.Error("B answered no duplicate")
+				if len(answers) == 0 || naks != 0 {
+					t.Errorf("closed B answered with %d packets, %d of them NAKs; want the duplicate's answer", len(answers), naks)
 				}
 				switch tc.op {
 				case OpWrite:
@@ -112,8 +120,13 @@ func TestCloseLinger(t *testing.T) {
 						t.Errorf("FETCH_ADD returned %d and left %d, want 40 and 42 (executed once)", got, mem)
 					}
 				}
-			} else if st := c.qa.State(); st != StateErr {
-				t.Errorf("A's QP in %v after REM_OP_ERR, want ERR", st)
+			} else {
+				if naks == 0 {
+					t.Error("closed B sent no NAK")
+				}
+				if st := c.qa.State(); st != StateErr {
+					t.Errorf("A's QP in %v after REM_OP_ERR, want ERR", st)
+				}
 			}
 			if got := append(poll(c.cqb), poll(c.rcqb)...); len(got) != 0 {
 				t.Fatalf("B's CQs got %+v after Close", got)
@@ -130,12 +143,14 @@ func TestCloseLinger(t *testing.T) {
 			if s.b.eng.qps[qpn] != c.qb || !s.clock.now.Before(closedAt.Add(linger)) {
 				t.Fatalf("A was answered at %v, after the linger ending at %v", s.clock.now, closedAt.Add(linger))
 			}
+			// B's only timer is the linger's end: its own SEND's
+			// retransmission and RNR timers stopped at the close.
+			if d, ok := s.b.eng.NextDeadline(); !ok || !d.Equal(closedAt.Add(linger)) {
+				t.Errorf("B's next timer at %v (%v), want the linger's end %v", d, ok, closedAt.Add(linger))
+			}
 			s.run(1_000_000, func() bool { return s.b.eng.qps[qpn] == nil })
 			if s.clock.now.Before(closedAt.Add(linger)) {
 				t.Fatalf("QP removed at %v, before the linger ended at %v", s.clock.now, closedAt.Add(linger))
-			}
-			if _, ok := s.b.eng.NextDeadline(); ok {
-				t.Error("B has a timer left after the removal")
 			}
 			if err := s.b.eng.Close(c.qb, linger); !errors.Is(err, ErrInvalid) {
 				t.Errorf("Close after the linger: %v", err)
@@ -189,5 +204,89 @@ func TestCloseAtOnce(t *testing.T) {
 	}
 	if err := e.DestroySRQ(srq); err != nil {
 		t.Fatalf("DestroySRQ after its QP's Close: %v", err)
+	}
+}
+
+// TestLingerReadBounds: a closed QP reads again, for a duplicate READ,
+// only what the READ it executed named: the same request, or the rest of
+// it from a later PSN; a duplicate PSN naming another region of the same
+// PD, or bytes beyond the original, is NAKed, not read.
+func TestLingerReadBounds(t *testing.T) {
+	s := newSim(t, impair.Spec{}, 1500)
+	c := s.connect(connOpts{psnA: 500})
+	other, err := s.b.eng.Memory().Register(c.pdb, 0x900000, make([]byte, 8192), AccessRemoteRead)
+	must(t, err)
+	_, err = c.qa.PostSend([]SendWR{{ID: 1, Opcode: OpRead, Flags: SendSignaled, SGL: sge(c.mra, 0, 4096), RemoteAddr: base + 4096, RKey: c.mrb.RKey}})
+	must(t, err)
+	s.run(10000, func() bool { return len(poll(c.cqa)) == 1 })
+	must(t, s.b.eng.Close(c.qb, time.Minute)) // the READ took PSNs 500…503
+	var sent []roce.Packet
+	s.b.watch = func(f []byte) { sent = append(sent, parsed(t, f)) }
+	for _, tc := range []struct {
+		name  string
+		psn   roce.PSN
+		rkey  uint32
+		va    uint64
+		n     uint32
+		reads bool
+	}{
+		{"the same READ", 500, c.mrb.RKey, base + 4096, 4096, true},
+		{"its rest", 502, c.mrb.RKey, base + 6144, 2048, true},
+		{"beyond its end", 502, c.mrb.RKey, base + 6144, 4096, false},
+		{"before its start", 500, c.mrb.RKey, base, 4096, false},
+		{"another region", 500, other.RKey, 0x900000, 4096, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sent = sent[:0]
+			p := c.qa.template(s.b.ip, s.b.mac, c.qb.Num(), 0, 0)
+			p.BTH.Opcode, p.BTH.PSN = roce.RCRDMAReadRequest, tc.psn
+			p.RETH = roce.RETHFields{VA: tc.va, RKey: tc.rkey, DMALen: tc.n}
+			p.SetPayloadLen(0)
+			buf := make([]byte, 2048)
+			m, err := p.Build(buf, nil)
+			must(t, err)
+			var q roce.Packet
+			must(t, roce.Parse(buf[:m], &q))
+			s.b.eng.Receive(buf[:m], &q)
+			if len(sent) == 0 {
+				t.Fatal("no answer")
+			}
+			a := sent[0]
+			if got := a.BTH.Opcode != roce.RCAcknowledge; got != tc.reads {
+				t.Fatalf("answered with %v (syndrome %#x), want read responses %v", a.BTH.Opcode, uint8(a.AETH.Syndrome), tc.reads)
+			}
+			if !tc.reads && a.AETH.Syndrome != roce.SyndromeNAK|roce.NAKRemoteOperationError {
+				t.Fatalf("answered with syndrome %#x, want a remote operational error NAK", uint8(a.AETH.Syndrome))
+			}
+		})
+	}
+}
+
+// TestLingerBound: an engine keeps at most maxLingering closed QPs; past
+// that, the one whose linger ends first goes at once.
+func TestLingerBound(t *testing.T) {
+	s := newSim(t, impair.Spec{}, 1500)
+	e := s.b.eng
+	pd := e.Memory().NewPD()
+	cq := NewCQ(4, nil)
+	var first *QP
+	for i := range maxLingering + 1 {
+		qp, err := e.CreateQP(QPConfig{Type: RC, PD: pd, SendCQ: cq, RecvCQ: cq, MaxSendWR: 1})
+		must(t, err)
+		must(t, qp.Modify(&QPAttr{State: StateInit, Port: 1}, AttrState|AttrPKeyIndex|AttrPort|AttrAccessFlags))
+		must(t, qp.Modify(&QPAttr{State: StateRTR, AV: AddressVector{DstIP: s.a.ip, DstMAC: s.a.mac, SGIDIndex: 1},
+			PathMTU: roce.MTU1024, DestQPN: 5, MaxDestRdAtomic: 1, MinRNRTimer: 1},
+			AttrState|AttrAV|AttrPathMTU|AttrDestQPN|AttrRQPSN|AttrMaxDestRdAtomic|AttrMinRNRTimer))
+		must(t, e.Close(qp, time.Minute))
+		if i == 0 {
+			first = qp
+		}
+		s.clock.now = s.clock.now.Add(time.Millisecond)
+	}
+	if n := e.QPCount(); n != maxLingering {
+		t.Fatalf("%d QPs lingering, want %d", n, maxLingering)
+	}
+	if e.qps[first.Num()] == first {
+		t.Fatal("the QP closed first is still there")
 	}
 }

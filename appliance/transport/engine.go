@@ -97,10 +97,11 @@ type Engine struct {
 	cfg Config
 	mem *Memory
 
-	mu      sync.Mutex
-	qps     map[uint32]*QP
-	nextQPN uint32
-	ipID    uint16
+	mu        sync.Mutex
+	qps       map[uint32]*QP
+	lingering int // killed or closed QPs in qps (QP.linger)
+	nextQPN   uint32
+	ipID      uint16
 
 	async   AsyncOutput // cfg.Out when it writes asynchronously
 	free    chan *Batch // batches not handed out
@@ -396,6 +397,7 @@ func (e *Engine) Close(qp *QP, linger time.Duration) error {
 func (e *Engine) retire(qp *QP, linger time.Duration) {
 	if linger <= 0 {
 		e.remove(qp)
+		qp.killed = true // refuses Modify and posts all the same
 		return
 	}
 	qp.linger(linger)
@@ -404,6 +406,9 @@ func (e *Engine) retire(qp *QP, linger time.Duration) {
 // remove takes a queue pair out of the engine. e.mu is held.
 func (e *Engine) remove(qp *QP) {
 	delete(e.qps, qp.num)
+	if qp.killed {
+		e.lingering--
+	}
 	qp.state = StateReset
 	qp.killAt = time.Time{}
 	if qp.cfg.SRQ != nil {

@@ -44,6 +44,10 @@ type respEntry struct {
 	atomic      bool
 	orig        uint64
 	valid       bool
+	// READ: the region the request named, which a duplicate asked of a
+	// killed or closed QP must lie within.
+	rkey    uint32
+	va, end uint64
 }
 
 // QP is a queue pair. Its methods take the engine's lock.

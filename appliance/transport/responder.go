@@ -88,10 +88,27 @@ func (qp *QP) execute(frame []byte, p *roce.Packet) {
 	}
 }
 
+// maxLingering bounds the killed and closed QPs an engine keeps, whose
+// timers Tick and NextDeadline go through with the live ones' and which
+// no client's limits count.
+const maxLingering = 4096
+
 // linger makes the QP a killed or closed one until linger from now: its
 // timers stop, its queues and the packets it kept aside go, and from then
 // on lingerAnswer answers what arrives for it. e.mu is held.
 func (qp *QP) linger(linger time.Duration) {
+	// Past a bound, the QP whose linger ends first goes at once.
+	e := qp.e
+	if e.lingering >= maxLingering {
+		var first *QP
+		for _, o := range e.qps {
+			if o.killed && (first == nil || o.killAt.Before(first.killAt)) {
+				first = o
+			}
+		}
+		e.remove(first)
+	}
+	e.lingering++
 	qp.killed = true
 	qp.killAt = qp.e.cfg.Now().Add(linger)
 	qp.retryAt, qp.rnrAt, qp.nakAt = time.Time{}, time.Time{}, time.Time{}
@@ -101,11 +118,14 @@ func (qp *QP) linger(linger time.Duration) {
 	// queues' memory need not wait for the linger.
 	qp.sq, qp.rq = nil, nil
 	qp.sqHead, qp.sqNext, qp.sqTl, qp.rqHead, qp.rqTl, qp.reqOff = 0, 0, 0, 0, 0, 0
-	// Nor does it take receives from its SRQ, which may go before it.
+	// Nor does it take receives from its SRQ, which may go before it, or
+	// complete anything: it lets go of its CQs and its owner's callbacks,
+	// whose rings its owner may unmap.
 	if qp.cfg.SRQ != nil {
 		qp.cfg.SRQ.users--
-		qp.cfg.SRQ = nil
 	}
+	qp.cfg.SRQ, qp.cfg.SendCQ, qp.cfg.RecvCQ = nil, nil, nil
+	qp.cfg.OnState, qp.cfg.OnRetire, qp.cfg.Refill, qp.addRecv = nil, nil, nil, nil
 }
 
 // lingerAnswer answers a packet for a killed or closed QP (Engine.Kill,
@@ -434,7 +454,8 @@ func (qp *QP) read(p *roce.Packet, psn roce.PSN, fresh bool) bool {
 	}
 	n := roce.ReadPSNs(length, qp.pmtu)
 	if fresh {
-		qp.remember(respEntry{first: psn, last: psn.Add(n - 1), valid: true})
+		qp.remember(respEntry{first: psn, last: psn.Add(n - 1), valid: true,
+			rkey: p.RETH.RKey, va: p.RETH.VA, end: p.RETH.VA + uint64(length)})
 		qp.ePSN = psn.Add(n)
 		qp.msn++
 	}
@@ -504,6 +525,12 @@ func (qp *QP) sendAtomicAck(psn roce.PSN, orig uint64) {
 	qp.buildAndSend(r, nil, nil, 0, 0)
 }
 
+// covers reports whether a READ request asks for part of the region the
+// READ r was executed for.
+func (r *respEntry) covers(h *roce.RETHFields) bool {
+	return h.RKey == r.rkey && h.VA >= r.va && h.VA <= r.end && uint64(h.DMALen) <= r.end-h.VA
+}
+
 // remember keeps a READ or atomic for duplicates, in a ring.
 func (qp *QP) remember(r respEntry) {
 	qp.cache[qp.cacheN%len(qp.cache)] = r
@@ -521,6 +548,11 @@ func (qp *QP) duplicate(frame []byte, p *roce.Packet) bool {
 	case info.Has(roce.OpRead):
 		for _, r := range qp.cache {
 			if r.valid && !r.atomic && p.BTH.PSN.Diff(r.first) >= 0 && p.BTH.PSN.Diff(r.last) <= 0 {
+				if qp.killed && !r.covers(&p.RETH) {
+					// Its owner is gone: read again only what it
+					// granted before, not whatever a request names.
+					return false
+				}
 				return qp.read(p, p.BTH.PSN, false)
 			}
 		}
