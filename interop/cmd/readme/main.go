@@ -50,11 +50,12 @@ func run(results, readme string) error {
 	fmt.Fprintf(&b, "%s\nRecorded %s against %s: %d of %d runs passed.\n\n%s\n",
 		begin, r.Generated, r.Peer, pass, len(r.Results), strings.TrimSpace(interop.PerfTable(r)))
 	if t := interop.LossTable(r); t != "" {
-		b.WriteString("\nUnder loss: each side drops a share of the frames it sends (netem in the VM, the port's\n" +
-			"impairment on taproce's side), and every run must still end well. The last columns add up\n" +
-			"the row's runs: frames each side lost, PSN sequence error NAKs each side sent, the ACK\n" +
-			"timeouts after which taproce sent again, and the retries rxe began (its completer_retry_err,\n" +
-			"which counts a retry after a NAK and after an ACK timeout alike).\n\n")
+		b.WriteString("\nUnder loss: each side drops a share of the frames it sends (netem in the VM, sparing rxe's\n" +
+			"ACKs in the ping-pong runs, see interop/README.md; the port's impairment on taproce's side),\n" +
+			"and every run must still end well. The last columns add up the row's runs: frames each side\n" +
+			"lost, PSN sequence error NAKs each side sent, the ACK timeouts after which taproce sent again,\n" +
+			"and the retries rxe began (its completer_retry_err, which counts a retry after a NAK and after\n" +
+			"an ACK timeout alike).\n\n")
 		b.WriteString(t)
 	}
 	if t := interop.PairTable(r); t != "" {
