@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/taproce/taproce/appliance/control"
@@ -28,8 +29,9 @@ type SpeedOptions struct {
 	// Socket is the appliance's control socket (default DefaultSocket).
 	Socket string
 	// BWIters and LatIters are the iterations of the perf runs (defaults
-	// 5000 and 5000); TCPBytes what the TCP baseline moves (256 MiB);
-	// RawRounds the round trips of the raw ping-pong (20000).
+	// 5000 and 5000), and LatIters also those of the events ping-pong;
+	// TCPBytes what the TCP baseline moves (256 MiB); RawRounds the round
+	// trips of the raw ping-pong (20000).
 	BWIters, LatIters, TCPBytes, RawRounds int
 }
 
@@ -46,6 +48,10 @@ type SpeedResult struct {
 	// between two bare TAPs, one on each host's bridge, read the way the
 	// appliance reads (sleeping in block mode, busy-polling otherwise).
 	SendLat, Raw time.Duration
+	// Events is `taproce pingpong -e -s 2`'s usec/iter halved (one way): an
+	// application that sleeps on its completion channel for every
+	// completion, as `ibv_rc_pingpong -e` does.
+	Events time.Duration
 	// RawSpin tells whether the raw ping-pong busy-polled.
 	RawSpin bool
 }
@@ -56,10 +62,14 @@ func (r *SpeedResult) BWRatio() float64 { return r.WriteBW / r.TCP }
 // LatRatio is SendLat over Raw.
 func (r *SpeedResult) LatRatio() float64 { return float64(r.SendLat) / float64(r.Raw) }
 
+// EventsRatio is Events over Raw.
+func (r *SpeedResult) EventsRatio() float64 { return float64(r.Events) / float64(r.Raw) }
+
 // Speed builds a two-host lab (MTU 9000, super-frames) whose appliance
 // waits as o.Poll says, and measures its TAP path against baselines taken
 // in the same run: RDMA WRITE bandwidth against TCP over the same veth,
-// and SEND latency against a raw frame ping-pong between two TAPs.
+// and SEND latency — polled, and waited for on completion events —
+// against a raw frame ping-pong between two TAPs.
 func Speed(ctx context.Context, o SpeedOptions) (*SpeedResult, error) {
 	if o.Prefix == "" {
 		o.Prefix = DefaultPrefix
@@ -128,7 +138,31 @@ func Speed(ctx context.Context, o SpeedOptions) (*SpeedResult, error) {
 		return nil, err
 	}
 	res.SendLat = time.Duration(lat.lat * float64(time.Microsecond))
+	if res.Events, err = l.eventsPingPong(ctx, o.Binary, o.LatIters); err != nil {
+		return nil, err
+	}
 	return res, nil
+}
+
+// eventsPingPong runs `taproce pingpong -e` with 2-byte messages between
+// the first two hosts' client processes and returns its usec/iter halved.
+func (l *Lab) eventsPingPong(ctx context.Context, binary string, iters int) (time.Duration, error) {
+	a, b := l.Hosts[0], l.Hosts[1]
+	args := []string{"-g", "1", "-n", fmt.Sprint(iters), "-s", "2", "-e"}
+	_, out, err := l.pair(ctx, binary, a, b, append([]string{"pingpong", "-d", b.Device}, args...),
+		append([]string{"pingpong", "-d", a.Device}, args...), nil, 120*time.Second)
+	if err != nil {
+		return 0, fmt.Errorf("lab: pingpong -e: %w", err)
+	}
+	m := itersRe.FindStringSubmatch(out)
+	if m == nil {
+		return 0, fmt.Errorf("lab: pingpong -e: no result line: %s", lastLine(out))
+	}
+	usec, err := strconv.ParseFloat(m[3], 64)
+	if err != nil {
+		return 0, fmt.Errorf("lab: pingpong -e: %w", err)
+	}
+	return time.Duration(usec / 2 * float64(time.Microsecond)), nil
 }
 
 // rawMAC is the address of the raw ping-pong's TAP in host i.

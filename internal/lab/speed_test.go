@@ -13,7 +13,9 @@ import (
 // the appliance blocking, adaptive and spinning. Metrics: bw/tcp, the
 // `taproce perf write_bw` 64 KiB bandwidth over TCP's on the same veth
 // (target ≥ 1.0), and lat/raw, `taproce perf send_lat` 2 B's median half
-// round trip over a raw frame ping-pong's between two TAPs (target ≤ 3.0).
+// round trip over a raw frame ping-pong's between two TAPs (target ≤ 3.0);
+// events/raw, `taproce pingpong -e` 2 B's one-way time over the same raw
+// ping-pong's.
 // Each run measures once, whatever b.N: run it with -benchtime 1x.
 func BenchmarkLabSpeed(b *testing.B) {
 	testnet.RequireRoot(b)
@@ -32,6 +34,8 @@ func BenchmarkLabSpeed(b *testing.B) {
 				b.ReportMetric(float64(r.SendLat.Nanoseconds())/1e3, "send_lat-µs")
 				b.ReportMetric(float64(r.Raw.Nanoseconds())/1e3, "raw-µs")
 				b.ReportMetric(r.LatRatio(), "lat/raw")
+				b.ReportMetric(float64(r.Events.Nanoseconds())/1e3, "events-µs")
+				b.ReportMetric(r.EventsRatio(), "events/raw")
 			}
 		})
 	}
@@ -53,11 +57,11 @@ func TestSpeed(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Logf("%+v bw/tcp %.2f lat/raw %.2f", r, r.BWRatio(), r.LatRatio())
-			if r.WriteBW <= 0 || r.TCP <= 0 || r.SendLat <= 0 || r.Raw <= 0 || r.Poll != mode || r.RawSpin != (mode == control.PollSpin) {
+			if r.WriteBW <= 0 || r.TCP <= 0 || r.SendLat <= 0 || r.Raw <= 0 || r.Events <= 0 || r.Poll != mode || r.RawSpin != (mode == control.PollSpin) {
 				t.Errorf("result %+v", r)
 			}
-			if r.BWRatio() != r.WriteBW/r.TCP || r.LatRatio() != float64(r.SendLat)/float64(r.Raw) {
-				t.Errorf("ratios %v %v", r.BWRatio(), r.LatRatio())
+			if r.BWRatio() != r.WriteBW/r.TCP || r.LatRatio() != float64(r.SendLat)/float64(r.Raw) || r.EventsRatio() != float64(r.Events)/float64(r.Raw) {
+				t.Errorf("ratios %v %v %v", r.BWRatio(), r.LatRatio(), r.EventsRatio())
 			}
 		})
 	}
