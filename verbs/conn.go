@@ -680,12 +680,12 @@ func (c *Conn) teardown() error {
 // Close tears the connection down: the calls in progress return
 // ErrClosed, the peer learns at once over the out-of-band connection and
 // its later operations fail with ErrPeerClosed. An operation of the peer
-// already on its way fails with ErrRemoteOperation, which the destroyed
-// QP answers it with while it lingers (the appliance's linger; had the
-// out-of-band connection been lost, every operation fails so, or with
-// ErrRetryExceeded once the linger is over and the QP's retries run out). The
-// memory regions AllocMR made are deregistered and unmapped: their Bytes
-// must not be used afterwards.
+// already on its way fails with ErrPeerClosed too when the notice comes
+// first, else with ErrRetryExceeded once its retries run out: the
+// destroyed QP, while it lingers (the appliance's linger), answers only
+// retransmissions of what it executed, as rxe answers nothing once a QP is
+// gone. The memory regions AllocMR made are deregistered and unmapped:
+// their Bytes must not be used afterwards.
 func (c *Conn) Close() error {
 	c.mu.Lock()
 	if c.closed {

@@ -122,6 +122,13 @@ func connectRC(t testing.TB, a, b *end, ga, gb netip.Addr) {
 // connectRCMTU is connectRC with a path MTU.
 func connectRCMTU(t testing.TB, a, b *end, ga, gb netip.Addr, mtu verbs.MTU) {
 	t.Helper()
+	connectRCWith(t, a, b, ga, gb, mtu, 14, 7)
+}
+
+// connectRCWith is connectRC with a path MTU, a local ACK timeout and a
+// retry count.
+func connectRCWith(t testing.TB, a, b *end, ga, gb netip.Addr, mtu verbs.MTU, timeout, retry uint8) {
+	t.Helper()
 	ctx := testCtx(t)
 	all := verbs.AccessRemoteWrite | verbs.AccessRemoteRead | verbs.AccessRemoteAtomic
 	for _, x := range []struct {
@@ -135,7 +142,7 @@ func connectRCMTU(t testing.TB, a, b *end, ga, gb netip.Addr, mtu verbs.MTU) {
 		must(t, q.Modify(ctx, &verbs.QPAttr{State: verbs.QPSRTR, PathMTU: mtu, DestQPN: x.peer.qp.Num(), RQPSN: 0,
 			MaxDestRdAtomic: 16, MinRNRTimer: 12, AH: verbs.AHAttr{DGID: x.dgid, SGIDIndex: 1, HopLimit: 1, Port: 1}},
 			verbs.QPStateMask|verbs.QPAV|verbs.QPPathMTU|verbs.QPDestQPN|verbs.QPRQPSN|verbs.QPMaxDestRdAtomic|verbs.QPMinRNRTimer))
-		must(t, q.Modify(ctx, &verbs.QPAttr{State: verbs.QPSRTS, SQPSN: 0, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16},
+		must(t, q.Modify(ctx, &verbs.QPAttr{State: verbs.QPSRTS, SQPSN: 0, Timeout: timeout, RetryCnt: retry, RNRRetry: 7, MaxRdAtomic: 16},
 			verbs.QPStateMask|verbs.QPSQPSN|verbs.QPTimeout|verbs.QPRetryCnt|verbs.QPRNRRetry|verbs.QPMaxQPRdAtomic))
 	}
 }
@@ -435,14 +442,15 @@ func TestRecvFlushInError(t *testing.T) {
 }
 
 // TestDestroyLingers: a client destroys its connected RC QP; the QP stays
-// in its port's engine for the linger (transport.Engine.Close), and a
-// request that arrives for it then is refused with a NAK, so the peer,
-// with retry_cnt 7 that never runs out, fails with REM_OP_ERR at once
-// instead of retrying into silence.
+// in its port's engine for the linger (transport.Engine.Close), answering
+// only retransmissions of what it executed: a new request that arrives for
+// it goes unanswered, as at rxe, and the peer's retries run out.
 func TestDestroyLingers(t *testing.T) {
 	r := newRig(t, false)
 	a, b := newEnd(t, r.ca, verbs.RC, 1<<16), newEnd(t, r.cb, verbs.RC, 1<<16)
-	connectRC(t, a, b, r.ga, r.gb)
+	// Retries that run out (16.8 ms, three tries): what the destroyed QP
+	// does not answer fails.
+	connectRCWith(t, a, b, r.ga, r.gb, verbs.MTU1024, 12, 2)
 	write := func(id uint64) verbs.WC {
 		_, err := a.qp.PostSend([]verbs.SendWR{{ID: id, Opcode: verbs.WRRDMAWrite, Flags: verbs.SendSignaled,
 			SGL: []verbs.SGE{a.mr.SGE(0, 4096)}, RemoteAddr: b.mr.Addr(), RKey: b.mr.RKey}})
@@ -464,7 +472,8 @@ func TestDestroyLingers(t *testing.T) {
 	if got := count(); got != before {
 		t.Fatalf("%d QPs in the engines after the destroy, want %d (the destroyed one lingering)", got, before)
 	}
-	if wc := write(2); wc.Status != verbs.WCRemOpErr {
-		t.Fatalf("WRITE to the destroyed QP: %+v, want REM_OP_ERR", wc)
+	// A new request goes unanswered, as at rxe once the QP is gone.
+	if wc := write(2); wc.Status != verbs.WCRetryExcErr {
+		t.Fatalf("WRITE to the destroyed QP: %+v, want RETRY_EXC_ERR", wc)
 	}
 }

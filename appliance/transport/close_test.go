@@ -17,9 +17,11 @@ import (
 // (Close). A, with retry_cnt 7, which never runs out, retransmits; the
 // lingering QP answers the duplicate as the live one would, so A's work
 // completes successfully. A request B never executed, or a READ whose
-// region B has deregistered since, gets a remote operational error NAK
-// instead, so A fails rather than retry forever. Close completes nothing
-// on B's CQs and stops B's own timers; after the linger, measured with the
+// region B has deregistered since, goes unanswered, as at rxe once the QP
+// is gone: A, with a retry_cnt that runs out, fails with a retry error
+// (perftest -D, whose server stops first, depends on this: against a NAK
+// its client failed before its own end). Close completes nothing on B's
+// CQs and stops B's own timers; after the linger, measured with the
 // engine's clock, the QP is gone and its QPN free.
 func TestCloseLinger(t *testing.T) {
 	const linger = time.Second
@@ -34,13 +36,17 @@ func TestCloseLinger(t *testing.T) {
 		{"SEND", OpSend, false, false, WCSuccess},
 		{"READ", OpRead, false, false, WCSuccess},
 		{"FETCH_ADD", OpFetchAdd, false, false, WCSuccess},
-		{"READ of a deregistered region", OpRead, false, true, WCRemOpErr},
-		{"WRITE after the close", OpWrite, true, false, WCRemOpErr},
-		{"SEND after the close", OpSend, true, false, WCRemOpErr},
+		{"READ of a deregistered region", OpRead, false, true, WCRetryExcErr},
+		{"WRITE after the close", OpWrite, true, false, WCRetryExcErr},
+		{"SEND after the close", OpSend, true, false, WCRetryExcErr},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newSim(t, impair.Spec{}, 1500)
-			c := s.connect(connOpts{retry: 7, rnr: 7})
+			retry := uint8(7)
+			if tc.want != WCSuccess {
+				retry = 2 // runs out: what B does not answer fails
+			}
+			c := s.connect(connOpts{retry: retry, rnr: 7})
 			const n = 3000 // three packets at path MTU 1024
 			for i := range n {
 				c.bufa[i] = byte(i*7 + 1)
@@ -121,11 +127,14 @@ func TestCloseLinger(t *testing.T) {
 					}
 				}
 			} else {
-				if naks == 0 {
-					t.Error("closed B sent no NAK")
+				if len(answers) != 0 {
+					t.Errorf("closed B answered a request it never executed with %d packets (%d NAKs)", len(answers), naks)
 				}
 				if st := c.qa.State(); st != StateErr {
-					t.Errorf("A's QP in %v after REM_OP_ERR, want ERR", st)
+					t.Errorf("A's QP in %v after its retries ran out, want ERR", st)
+				}
+				if s.b.eng.Stats().Dropped == 0 {
+					t.Error("closed B counted no dropped request")
 				}
 			}
 			if got := append(poll(c.cqb), poll(c.rcqb)...); len(got) != 0 {
@@ -140,13 +149,15 @@ func TestCloseLinger(t *testing.T) {
 			if err := c.qb.Modify(&QPAttr{State: StateReset}, AttrState); !errors.Is(err, ErrState) {
 				t.Errorf("Modify of a closed QP: %v", err)
 			}
-			if s.b.eng.qps[qpn] != c.qb || !s.clock.now.Before(closedAt.Add(linger)) {
-				t.Fatalf("A was answered at %v, after the linger ending at %v", s.clock.now, closedAt.Add(linger))
-			}
-			// B's only timer is the linger's end: its own SEND's
-			// retransmission and RNR timers stopped at the close.
-			if d, ok := s.b.eng.NextDeadline(); !ok || !d.Equal(closedAt.Add(linger)) {
-				t.Errorf("B's next timer at %v (%v), want the linger's end %v", d, ok, closedAt.Add(linger))
+			if tc.want == WCSuccess {
+				if s.b.eng.qps[qpn] != c.qb || !s.clock.now.Before(closedAt.Add(linger)) {
+					t.Fatalf("A was answered at %v, after the linger ending at %v", s.clock.now, closedAt.Add(linger))
+				}
+				// B's only timer is the linger's end: its own SEND's
+				// retransmission and RNR timers stopped at the close.
+				if d, ok := s.b.eng.NextDeadline(); !ok || !d.Equal(closedAt.Add(linger)) {
+					t.Errorf("B's next timer at %v (%v), want the linger's end %v", d, ok, closedAt.Add(linger))
+				}
 			}
 			s.run(1_000_000, func() bool { return s.b.eng.qps[qpn] == nil })
 			if s.clock.now.Before(closedAt.Add(linger)) {
@@ -207,11 +218,22 @@ func TestCloseAtOnce(t *testing.T) {
 	}
 }
 
-// TestLingerReadBounds: a closed QP reads again, for a duplicate READ,
-// only what the READ it executed named: the same request, or the rest of
-// it from a later PSN; a duplicate PSN naming another region of the same
-// PD, or bytes beyond the original, is NAKed, not read.
+// TestLingerReadBounds: a closed or killed QP reads again, for a
+// duplicate READ, only what the READ it executed named: the same request,
+// or the rest of it from a later PSN; a duplicate PSN naming another
+// region of the same PD, or bytes beyond the original, is not read — a
+// closed QP leaves it unanswered, a killed one NAKs it.
 func TestLingerReadBounds(t *testing.T) {
+	for _, kill := range []bool{false, true} {
+		name := "closed"
+		if kill {
+			name = "killed"
+		}
+		t.Run(name, func(t *testing.T) { lingerReadBounds(t, kill) })
+	}
+}
+
+func lingerReadBounds(t *testing.T, kill bool) {
 	s := newSim(t, impair.Spec{}, 1500)
 	c := s.connect(connOpts{psnA: 500})
 	other, err := s.b.eng.Memory().Register(c.pdb, 0x900000, make([]byte, 8192), AccessRemoteRead)
@@ -219,7 +241,12 @@ func TestLingerReadBounds(t *testing.T) {
 	_, err = c.qa.PostSend([]SendWR{{ID: 1, Opcode: OpRead, Flags: SendSignaled, SGL: sge(c.mra, 0, 4096), RemoteAddr: base + 4096, RKey: c.mrb.RKey}})
 	must(t, err)
 	s.run(10000, func() bool { return len(poll(c.cqa)) == 1 })
-	must(t, s.b.eng.Close(c.qb, time.Minute)) // the READ took PSNs 500…503
+	// The READ took PSNs 500…503.
+	if kill {
+		must(t, s.b.eng.Kill(c.qb, time.Minute))
+	} else {
+		must(t, s.b.eng.Close(c.qb, time.Minute))
+	}
 	var sent []roce.Packet
 	s.b.watch = func(f []byte) { sent = append(sent, parsed(t, f)) }
 	for _, tc := range []struct {
@@ -248,6 +275,12 @@ func TestLingerReadBounds(t *testing.T) {
 			var q roce.Packet
 			must(t, roce.Parse(buf[:m], &q))
 			s.b.eng.Receive(buf[:m], &q)
+			if !tc.reads && !kill {
+				if len(sent) != 0 {
+					t.Fatalf("answered with %v (syndrome %#x), want no answer", sent[0].BTH.Opcode, uint8(sent[0].AETH.Syndrome))
+				}
+				return
+			}
 			if len(sent) == 0 {
 				t.Fatal("no answer")
 			}

@@ -371,12 +371,13 @@ func (e *Engine) Kill(qp *QP, linger time.Duration) error {
 // Close destroys a queue pair at its owner's request (ibv_destroy_qp,
 // IBA 11.2.4.4): its outstanding work is dropped without completions and
 // nothing it does reaches its CQs again. An RC QP that has had a peer
-// (RTR or later) lingers as a killed one does (Kill) before it goes: the
-// last request it executed may still wait for an acknowledgement the
-// network lost, and the requester, which retries into silence (forever
-// with rxe's retry_cnt of 7) when nothing answers, gets it again. Any
-// other QP, or a linger of zero or less, is removed at once, as
-// DestroyQP removes it.
+// (RTR or later) lingers before it goes, answering retransmissions of what
+// it executed (lingerAnswer): the last request it executed may still wait
+// for an acknowledgement the network lost, and the requester, which
+// retries into silence (forever with rxe's retry_cnt of 7) when nothing
+// answers, gets it again. Unlike a killed QP it NAKs nothing: a new request
+// goes unanswered, as at rxe once the QP is gone. Any other QP, or a
+// linger of zero or less, is removed at once, as DestroyQP removes it.
 func (e *Engine) Close(qp *QP, linger time.Duration) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -388,6 +389,7 @@ func (e *Engine) Close(qp *QP, linger time.Duration) error {
 		linger = 0
 	}
 	qp.state = StateErr
+	qp.closed = true
 	e.retire(qp, linger)
 	return nil
 }

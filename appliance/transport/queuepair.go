@@ -95,8 +95,9 @@ type QP struct {
 	stash   *reorderStash
 
 	// Kill and Close: the QP only answers requests (lingerAnswer) until
-	// killAt, then it is removed.
+	// killAt, then it is removed. closed tells Close's from Kill's.
 	killed bool
+	closed bool
 	killAt time.Time
 
 	scratch sgl

@@ -133,12 +133,15 @@ func (qp *QP) linger(linger time.Duration) {
 // network lost, is answered as the live QP answers a duplicate (IBA
 // 9.7.4.1.2): SEND and WRITE acknowledged again, a READ read again while
 // its region is still registered, an atomic from its saved result. Every
-// other RC request, and a duplicate that cannot be answered so, is NAKed
-// with the remote operational error code and the QP's MSN, with the
-// request's PSN, or the expected PSN when the request lies beyond it: the
-// requester takes a NAK as acknowledging every PSN before its own, and
-// nothing the QP never executed is acknowledged. Anything else, and a
-// request to a QP that never had a peer, is dropped.
+// other RC request, and a duplicate that cannot be answered so, is
+// dropped by a closed QP, as rxe drops what arrives for a QP that no longer
+// exists — its peer's requester retries, as against rxe — and NAKed by a
+// killed one, whose client died without saying goodbye: with the remote
+// operational error code and the QP's MSN, with the request's PSN, or the
+// expected PSN when the request lies beyond it (the requester takes a NAK
+// as acknowledging every PSN before its own, and nothing the QP never
+// executed is acknowledged). Anything else, and a request to a QP that
+// never had a peer, is dropped.
 func (qp *QP) lingerAnswer(frame []byte, p *roce.Packet) {
 	if qp.cfg.Type != RC || !p.Info().Has(roce.Request) || !qp.tmpl.Dst.IsValid() {
 		qp.e.stats.dropped.Add(1)
@@ -153,6 +156,10 @@ func (qp *QP) lingerAnswer(frame []byte, p *roce.Packet) {
 		}
 	case d > 0:
 		psn = qp.ePSN
+	}
+	if qp.closed {
+		qp.e.stats.dropped.Add(1)
+		return
 	}
 	qp.e.stats.naksSent.Add(1)
 	qp.sendAck(psn, roce.SyndromeNAK|roce.NAKRemoteOperationError)
