@@ -15,6 +15,7 @@ import (
 
 	"github.com/taproce/taproce/appliance"
 	"github.com/taproce/taproce/appliance/control"
+	"github.com/taproce/taproce/appliance/impair"
 	"github.com/taproce/taproce/tap"
 )
 
@@ -28,6 +29,13 @@ type rig struct {
 
 func newRig(t *testing.T, localSwitch bool, mtu int, poll control.PollMode) *rig {
 	t.Helper()
+	return newRigIngress(t, localSwitch, mtu, poll, impair.Spec{})
+}
+
+// newRigIngress is newRig whose first port (taproce0, the servers') impairs
+// what it receives as in says.
+func newRigIngress(t *testing.T, localSwitch bool, mtu int, poll control.PollMode, in impair.Spec) *rig {
+	t.Helper()
 	sock := filepath.Join(t.TempDir(), "taproce.sock")
 	t.Setenv("TAPROCE_SOCKET", sock)
 	self, err := control.NetnsInode("/proc/self/ns/net")
@@ -39,7 +47,11 @@ func newRig(t *testing.T, localSwitch bool, mtu int, poll control.PollMode) *rig
 	a, b := tap.NewFakePair(mtu, 4096)
 	for i, dev := range []tap.Device{a, b} {
 		addr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 77, 0, byte(i + 1)}), 24)
-		if _, err := app.AddPortOn(dev, appliance.PortConfig{Namespace: "perf", Name: dev.Name(), MTU: mtu, Addrs: []netip.Prefix{addr}}); err != nil {
+		cfg := appliance.PortConfig{Namespace: "perf", Name: dev.Name(), MTU: mtu, Addrs: []netip.Prefix{addr}}
+		if i == 0 {
+			cfg.Ingress = in
+		}
+		if _, err := app.AddPortOn(dev, cfg); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -68,17 +80,23 @@ type pair struct {
 // given options (after the test's name) and returns both sides' results.
 func runPair(t *testing.T, test string, opts ...string) pair {
 	t.Helper()
+	return runPairSides(t, test, opts, opts)
+}
+
+// runPairSides is runPair with options of each side's own.
+func runPairSides(t *testing.T, test string, srvOpts, opts []string) pair {
+	t.Helper()
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	scfg, err := ParseArgs(append([]string{test, "-d", "taproce0"}, opts...))
+	scfg, err := ParseArgs(append([]string{test, "-d", "taproce0"}, srvOpts...))
 	if err != nil {
 		t.Fatal(err)
 	}
 	scfg.Listener = ln
 	scfg.IdleTimeout = 20 * time.Second
-	ccfg, err := ParseArgs(append([]string{test, "-d", "taproce1"}, append(opts, ln.Addr().String())...))
+	ccfg, err := ParseArgs(append([]string{test, "-d", "taproce1"}, append(opts[:len(opts):len(opts)], ln.Addr().String())...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -375,4 +393,24 @@ func TestOptions(t *testing.T) {
 			t.Errorf("JSON output %q", p.clientOut)
 		}
 	})
+}
+
+// TestLatDurationPeerGone is the end of a write_lat -D run, which closes
+// with no message (as perftest's does): the server stops at its own end
+// and destroys its QP while the client, behind, answers the server's last
+// WRITE with one more. Here the client's run is a second longer and every
+// frame the server receives is 20 ms late, so that WRITE always finds the
+// QP destroyed and the client is still polling for its completion. The
+// lingering QP leaves it unanswered, as rxe does once a QP is gone, and
+// the client runs to its own end; a NAK would fail the client's run with
+// a remote operation error.
+func TestLatDurationPeerGone(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs tests over an in-process appliance")
+	}
+	newRigIngress(t, false, 9000, control.PollBlock, impair.Spec{Delay: 20 * time.Millisecond})
+	p := runPairSides(t, "write_lat", []string{"-D", "2", "-s", "64"}, []string{"-D", "3", "-s", "64"})
+	if r := p.client[0]; r.Duration != 3 || r.Iters == 0 {
+		t.Fatalf("client %+v", r)
+	}
 }
