@@ -162,15 +162,33 @@ func benchWake(b *testing.B, blocking bool, selfCPU, childCPU int) {
 		cmd.Process.Kill() // the peer has no end of its own
 		cmd.Wait()         //nolint:errcheck // killed
 	}()
-	// A peer that hangs or dies ends the run: the watchdog kills it and
-	// wakes this side's wait (a thread in read(2) has no deadline).
+	// A peer that hangs or dies ends the run: a watchdog that sees no
+	// round finish for ten seconds kills it and wakes this side's wait (a
+	// thread in read(2) has no deadline).
 	var expired atomic.Bool
-	watchdog := time.AfterFunc(time.Minute, func() {
-		expired.Store(true)
-		cmd.Process.Kill()
-		unix.Write(waitFd, eventfdOne) //nolint:errcheck // best effort
-	})
-	defer watchdog.Stop()
+	var rounds atomic.Int64
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		tick := time.NewTicker(10 * time.Second)
+		defer tick.Stop()
+		last := int64(-1)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			if n := rounds.Load(); n != last {
+				last = n
+				continue
+			}
+			expired.Store(true)
+			cmd.Process.Kill()
+			unix.Write(waitFd, eventfdOne) //nolint:errcheck // best effort
+			return
+		}
+	}()
 
 	round := func(i int) time.Duration {
 		t0 := time.Now()
@@ -180,6 +198,7 @@ func benchWake(b *testing.B, blocking bool, selfCPU, childCPU int) {
 		if err := w.wait(); err != nil || expired.Load() {
 			b.Fatalf("round %d: no answer (%v); peer: %s", i, err, stderr.String())
 		}
+		rounds.Add(1)
 		return time.Since(t0)
 	}
 	for i := range 200 { // the first rounds start the peer's threads
