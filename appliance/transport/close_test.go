@@ -19,8 +19,9 @@ import (
 // completes successfully. A request B never executed, or a READ whose
 // region B has deregistered since, goes unanswered, as at rxe once the QP
 // is gone: A, with a retry_cnt that runs out, fails with a retry error
-// (perftest -D, whose server stops first, depends on this: against a NAK
-// its client failed before its own end). Close completes nothing on B's
+// (a write_lat -D run, whose server may stop and destroy its QP first,
+// depends on this: against a NAK its client failed before its own end;
+// see perf's TestLatDurationPeerGone). Close completes nothing on B's
 // CQs and stops B's own timers; after the linger, measured with the
 // engine's clock, the QP is gone and its QPN free.
 func TestCloseLinger(t *testing.T) {
