@@ -8,6 +8,7 @@ package lab
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -187,6 +188,9 @@ func (l *Lab) wire() error {
 		return err
 	}
 	err := netnsutil.Do(netnsutil.Path(sw), func(h *netlink.Handle) error {
+		if err := plainBridges(); err != nil {
+			return err
+		}
 		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0", MTU: l.MTU}}
 		if err := h.LinkAdd(br); err != nil {
 			return fmt.Errorf("switch bridge: %w", err)
@@ -215,6 +219,34 @@ func (l *Lab) wire() error {
 		})
 		if err != nil {
 			return fmt.Errorf("lab: attaching %s to the switch: %w", port, err)
+		}
+	}
+	return nil
+}
+
+// bridgeNetfilter are the per-namespace settings of br_netfilter that send
+// the frames a bridge forwards through the namespace's IP and ARP
+// firewall hooks.
+var bridgeNetfilter = []string{
+	"net/bridge/bridge-nf-call-iptables",
+	"net/bridge/bridge-nf-call-ip6tables",
+	"net/bridge/bridge-nf-call-arptables",
+}
+
+// plainBridges makes the bridges of the current namespace plain switches.
+// Where br_netfilter is loaded (Docker and Kubernetes hosts load it), a
+// new namespace starts with it on: every IPv4, IPv6 and ARP frame a bridge
+// forwards also goes through that namespace's firewall hooks, which no
+// switch of a real network does. The ports' RoCE frames (UDP) would pay
+// for it at each bridge and the raw ping-pong's frames (not IP) would not:
+// a port's TAP write, which carries a frame across both bridges, took 4.8
+// µs with it and 3.9 µs without. Without br_netfilter there is nothing to
+// turn off.
+func plainBridges() error {
+	for _, key := range bridgeNetfilter {
+		err := netnsutil.WriteSysctl(key, "0")
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("bridge netfilter off: %w", err)
 		}
 	}
 	return nil
@@ -267,6 +299,9 @@ func (l *Lab) bridge(host *Host) error {
 			return err
 		}
 		if err := h.LinkSetUp(lo); err != nil {
+			return err
+		}
+		if err := plainBridges(); err != nil {
 			return err
 		}
 		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: host.Bridge, MTU: l.MTU}}

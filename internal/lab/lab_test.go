@@ -75,6 +75,7 @@ func TestLabChecks(t *testing.T) {
 		}
 	}()
 	a, b := l.Hosts[0], l.Hosts[1]
+	checkPlainBridges(t, a.Namespace, b.Namespace)
 	sniff := startSniffer(t, b.Namespace, b.Uplink)
 	for _, s := range l.Checks(context.Background()) {
 		if !s.OK {
@@ -91,6 +92,33 @@ func TestLabChecks(t *testing.T) {
 	}
 	if seen == 0 {
 		t.Errorf("no frame from port MAC %v among %d on %s/%s", mac, len(frames), b.Namespace, b.Uplink)
+	}
+}
+
+// checkPlainBridges fails the test when a namespace's bridges pass frames
+// to the firewall hooks (br_netfilter), where the kernel has that module.
+func checkPlainBridges(t *testing.T, namespaces ...string) {
+	t.Helper()
+	if _, err := os.Stat("/proc/sys/net/bridge"); err != nil {
+		t.Logf("no br_netfilter here (%v): bridges are plain already", err)
+		return
+	}
+	for _, ns := range namespaces {
+		err := netnsutil.Do(netnsutil.Path(ns), func(*netlink.Handle) error {
+			for _, key := range bridgeNetfilter {
+				v, err := os.ReadFile("/proc/sys/" + key)
+				if err != nil {
+					return err
+				}
+				if got := strings.TrimSpace(string(v)); got != "0" {
+					t.Errorf("%s: %s = %s, want 0", ns, key, got)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Error(err)
+		}
 	}
 }
 
