@@ -57,6 +57,11 @@ func printConfig(w io.Writer, c *config.Config) {
 	fmt.Fprintf(w, "  state file       %s\n", orOff(c.StateFile, ""))
 	fmt.Fprintf(w, "  local switch     %s\n", onOff(c.LocalSwitch))
 	fmt.Fprintf(w, "  poll             %s\n", c.Poll)
+	if c.Procs > 0 {
+		fmt.Fprintf(w, "  procs            %d\n", c.Procs)
+	} else {
+		fmt.Fprintf(w, "  procs            chosen by poll\n")
+	}
 	fmt.Fprintf(w, "  linger           %v\n", c.Linger)
 	fmt.Fprintf(w, "  default MTU      %d\n", c.DefaultMTU)
 	fmt.Fprintf(w, "  client limits    %d QPs, %d CQs, %d SRQs, %d MRs, %d PDs, %d AHs, %s of MRs\n",

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"runtime"
 	"sort"
 	"sync"
 	"time"
@@ -32,6 +34,26 @@ type Options struct {
 	// PeerNetns replaces how the control server finds a client's
 	// namespace (tests).
 	PeerNetns func(pid int32) (uint64, error)
+}
+
+// Procs returns the GOMAXPROCS an appliance process should run with, or 0
+// to leave the runtime's choice: configured when it is positive; else
+// none when the GOMAXPROCS environment variable chose already; else what
+// the poll mode takes of the processors the runtime gave the process
+// (control.PollMode.Procs). Only the process that hosts the appliance can
+// apply it: it is the whole process's setting.
+func Procs(mode control.PollMode, configured int) int {
+	switch {
+	case configured > 0:
+		return configured
+	case os.Getenv("GOMAXPROCS") != "":
+		return 0
+	}
+	avail := runtime.GOMAXPROCS(0)
+	if n := mode.Procs(avail); n != avail {
+		return n
+	}
+	return 0
 }
 
 // Appliance is the daemon's core: NICs (ports with their transports), the

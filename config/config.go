@@ -51,6 +51,8 @@ const (
 	// DefaultPoll is how the appliance waits for clients' posts when the
 	// file does not say.
 	DefaultPoll = PollAdaptive
+	// MaxProcs bounds procs.
+	MaxProcs = 1024
 	// DefaultLinger is how long a destroyed queue pair, or a dead
 	// client's, keeps answering its peer when the file does not say.
 	DefaultLinger = 30 * time.Second
@@ -148,6 +150,14 @@ type Config struct {
 	// Poll is how the appliance waits for clients' posts and for its
 	// ports' frames: PollAdaptive, PollBlock or PollSpin.
 	Poll string
+	// Procs is how many processors the appliance's Go code runs on at
+	// once (GOMAXPROCS), 0..MaxProcs. 0 lets the poll mode choose
+	// (appliance.Procs): half the processors the process has, at least
+	// one, when it spins, so that its pollers leave cores to the clients
+	// polling their completion queues; all of them otherwise. The
+	// GOMAXPROCS environment variable replaces that choice; a positive
+	// procs replaces both.
+	Procs int
 	// Limits bound what one client may hold.
 	Limits Limits
 	// Linger is how long a connected RC queue pair keeps answering its
@@ -405,6 +415,9 @@ func (c *Config) validate(line lineFunc) []*Error {
 	}
 	if c.Limits.MRBytes < 1 {
 		v.add("limits.mr_bytes", fmt.Sprintf("%d is not a positive number of bytes", c.Limits.MRBytes), nil)
+	}
+	if c.Procs < 0 || c.Procs > MaxProcs {
+		v.add("procs", fmt.Sprintf("%d is outside 0..%d", c.Procs, MaxProcs), nil)
 	}
 	if c.Linger <= 0 {
 		v.add("linger", fmt.Sprintf("%v is not a positive duration", c.Linger), nil)

@@ -99,6 +99,7 @@ state_file = "/var/lib/taproce/state.json"
 log_level = "warn"
 local_switch = false
 poll = "spin"
+procs = 3
 linger = "2m30s"
 default_mtu = 9000
 
@@ -122,7 +123,7 @@ mtu = 9000
 egress = "loss=1%,seed=7"
 ingress = "delay=200us"
 `), &Config{Socket: "/run/t.sock", AdminSocket: "/run/t-admin.sock", MetricsAddress: "[::1]:9100",
-			StateFile: "/var/lib/taproce/state.json", LogLevel: "warn", LocalSwitch: false, Poll: "spin",
+			StateFile: "/var/lib/taproce/state.json", LogLevel: "warn", LocalSwitch: false, Poll: "spin", Procs: 3,
 			Limits: Limits{QPs: 16, CQs: 32, SRQs: 1, MRs: 64, PDs: 2, AHs: 8, MRBytes: 1 << 20},
 			Linger: 150 * time.Second, DefaultMTU: 9000, Ports: []Port{{
 				Namespace: "/proc/123/ns/net",
@@ -237,6 +238,8 @@ addresses = ["10.0.0.2/8"]
 		{"limit bytes", "limits.mr_bytes = \"16B\"", mod(func(c *Config) { c.Limits.MRBytes = 16 })},
 		{"limit TiB", "limits.mr_bytes = \"1TiB\"", mod(func(c *Config) { c.Limits.MRBytes = 1 << 40 })},
 		{"linger", `linger = "500ms"`, mod(func(c *Config) { c.Linger = 500 * time.Millisecond })},
+		{"procs", `procs = 1`, mod(func(c *Config) { c.Procs = 1 })},
+		{"procs chosen by poll", `procs = 0`, mod(func(c *Config) { c.Procs = 0 })},
 		{"default_mtu for ports without mtu", doc(`
 default_mtu = 9000
 [[port]]
@@ -369,6 +372,9 @@ namespace = "a"
 		{"poll mode", `poll = "busy"`, []string{`x.toml:1: poll: "busy" is not one of adaptive, block, spin`}},
 		{"empty poll mode", `poll = ""`, []string{`x.toml:1: poll: "" is not one of adaptive, block, spin`}},
 		{"poll type", `poll = 1`, []string{"x.toml:1: poll: want a string, not an integer"}},
+		{"procs negative", `procs = -1`, []string{"x.toml:1: procs: -1 is outside 0..1024"}},
+		{"procs too many", `procs = 1025`, []string{"x.toml:1: procs: 1025 is outside 0..1024"}},
+		{"procs type", `procs = "all"`, []string{"x.toml:1: procs: want an integer, not a string"}},
 		{"linger not a duration", `linger = "30"`, []string{`x.toml:1: linger: "30" is not a duration such as "30s" or "500ms"`}},
 		{"linger integer", `linger = 30`, []string{"x.toml:1: linger: want a string, not an integer"}},
 		{"linger zero", `linger = "0s"`, []string{"x.toml:1: linger: 0s is not a positive duration"}},

@@ -33,3 +33,20 @@ func TestPollModes(t *testing.T) {
 		t.Error("ParsePollMode accepted fast")
 	}
 }
+
+// TestPollModeProcs: a spinning appliance takes half the processors, at
+// least one; a sleeping one takes them all.
+func TestPollModeProcs(t *testing.T) {
+	for _, c := range []struct {
+		mode            PollMode
+		available, want int
+	}{
+		{PollSpin, 1, 1}, {PollSpin, 2, 1}, {PollSpin, 3, 1}, {PollSpin, 4, 2}, {PollSpin, 64, 32},
+		{PollBlock, 1, 1}, {PollBlock, 2, 2}, {PollBlock, 64, 64},
+		{PollAdaptive, 2, 2}, {PollAdaptive, 8, 8},
+	} {
+		if got := c.mode.Procs(c.available); got != c.want {
+			t.Errorf("%s.Procs(%d) = %d, want %d", c.mode, c.available, got, c.want)
+		}
+	}
+}

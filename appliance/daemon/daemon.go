@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -63,8 +64,15 @@ type Daemon struct {
 // Run starts the daemon for cfg and serves until ctx ends, then shuts it
 // down. It returns nil after a shutdown that ctx asked for and that went
 // cleanly, and an error when the daemon could not start, a server failed,
-// or the shutdown left something behind.
+// or the shutdown left something behind. While it runs, the process runs
+// on the processors cfg's procs and poll choose (appliance.Procs): the
+// daemon owns its process.
 func Run(ctx context.Context, cfg *config.Config, logger *slog.Logger) error {
+	if poll, err := cfg.PollMode(); err == nil {
+		if n := appliance.Procs(poll, cfg.Procs); n > 0 {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(n))
+		}
+	}
 	d, err := Start(ctx, cfg, logger)
 	if err != nil {
 		return err
@@ -164,7 +172,7 @@ func Start(ctx context.Context, cfg *config.Config, logger *slog.Logger) (_ *Dae
 	}
 	d.serve("control", func() error { return d.app.Serve(context.WithoutCancel(ctx)) })
 	attrs := []any{"socket", cfg.Socket, "admin_socket", cfg.AdminSocket, "devices", len(d.app.NICs()),
-		"local_switch", cfg.LocalSwitch, "poll", cfg.Poll}
+		"local_switch", cfg.LocalSwitch, "poll", cfg.Poll, "procs", runtime.GOMAXPROCS(0)}
 	if d.metricsLn != nil {
 		attrs = append(attrs, "metrics", d.metricsLn.Addr().String())
 	}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -612,5 +613,57 @@ func TestTransferMetrics(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 			_, after = r.get(t, "/metrics")
 		}
+	}
+}
+
+// TestRunProcs: while Run serves, the process runs on the processors the
+// configuration chooses, and afterwards on as many as before.
+func TestRunProcs(t *testing.T) {
+	testnet.RequireRoot(t)
+	t.Setenv("GOMAXPROCS", "")
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4))
+	for _, c := range []struct {
+		name  string
+		poll  string
+		procs int
+		want  int
+	}{
+		{"spin takes half", config.PollSpin, 0, 2},
+		{"block takes all", config.PollBlock, 0, 4},
+		{"configured", config.PollBlock, 1, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := testConfig(t.TempDir())
+			cfg.Poll, cfg.Procs = c.poll, c.procs
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- daemon.Run(ctx, cfg, quietLogger()) }()
+			deadline := time.Now().Add(20 * time.Second)
+			for {
+				if _, err := os.Stat(cfg.Socket); err == nil {
+					break
+				}
+				select {
+				case err := <-done:
+					t.Fatalf("Run ended before serving: %v", err)
+				default:
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("no control socket after 20 s")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			if got := runtime.GOMAXPROCS(0); got != c.want {
+				t.Errorf("serving with poll %s and procs %d: GOMAXPROCS %d, want %d", c.poll, c.procs, got, c.want)
+			}
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			if got := runtime.GOMAXPROCS(0); got != 4 {
+				t.Errorf("after Run: GOMAXPROCS %d, want 4 as before", got)
+			}
+		})
 	}
 }

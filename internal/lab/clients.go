@@ -9,11 +9,14 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"github.com/taproce/taproce/appliance"
 )
 
 // The lab's verbs steps run the taproce binary as separate client
@@ -176,9 +179,23 @@ func verbsSteps(ctx context.Context, l *Lab, binary string) []Step {
 	return steps
 }
 
+// appProcs runs the lab's process on the processors its appliance's poll
+// mode takes (appliance.Procs), as `taproce run` runs the appliance, until
+// the returned function restores the setting. The appliance shares the lab's
+// process, so only the phases where clients use it apply it.
+func (l *Lab) appProcs() (restore func()) {
+	if n := appliance.Procs(l.Poll, l.Procs); n > 0 {
+		prev := runtime.GOMAXPROCS(n)
+		return func() { runtime.GOMAXPROCS(prev) }
+	}
+	return func() {}
+}
+
 // serveClients serves the lab's appliance on its control socket while the
-// client steps run, then stops serving.
+// client steps run, on the processors the appliance takes, then stops
+// serving.
 func (l *Lab) serveClients(ctx context.Context, binary string) []Step {
+	defer l.appProcs()()
 	if binary == "" {
 		self, err := os.Executable()
 		if err != nil {

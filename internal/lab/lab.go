@@ -58,6 +58,9 @@ type Topology struct {
 	LocalSwitch bool
 	// Poll is how the appliance waits for its clients' posts.
 	Poll control.PollMode
+	// Procs is how many processors the lab's process runs on while
+	// clients use the appliance (config procs; 0: as Poll chooses).
+	Procs int
 }
 
 // DefaultSocket is the control socket of a lab's appliance.

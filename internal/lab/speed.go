@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime"
 	"slices"
 	"strconv"
 	"time"
@@ -24,6 +25,9 @@ type SpeedOptions struct {
 	// Poll is how the appliance waits: on its TAPs and on its clients'
 	// rings.
 	Poll control.PollMode
+	// Procs is how many processors the appliance runs on (config procs;
+	// 0: as Poll chooses). The baselines run on all of them.
+	Procs int
 	// Binary is the taproce executable the perf client processes run.
 	Binary string
 	// Socket is the appliance's control socket (default DefaultSocket).
@@ -54,6 +58,8 @@ type SpeedResult struct {
 	Events time.Duration
 	// RawSpin tells whether the raw ping-pong busy-polled.
 	RawSpin bool
+	// Procs is how many processors the appliance ran on (GOMAXPROCS).
+	Procs int
 }
 
 // BWRatio is WriteBW over TCP.
@@ -87,7 +93,7 @@ func Speed(ctx context.Context, o SpeedOptions) (*SpeedResult, error) {
 		o.RawRounds = 20000
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	l, err := Build(Topology{Prefix: o.Prefix, Hosts: 2, MTU: 9000, Offload: true, Poll: o.Poll, Socket: o.Socket, Logger: quiet})
+	l, err := Build(Topology{Prefix: o.Prefix, Hosts: 2, MTU: 9000, Offload: true, Poll: o.Poll, Procs: o.Procs, Socket: o.Socket, Logger: quiet})
 	if err != nil {
 		return nil, err
 	}
@@ -114,6 +120,9 @@ func Speed(ctx context.Context, o SpeedOptions) (*SpeedResult, error) {
 		h.Port.Device().(*tap.Tap).SetSpin(o.Poll.Spin())
 	}
 
+	// The baselines above had all the processors.
+	defer l.appProcs()()
+	res.Procs = runtime.GOMAXPROCS(0)
 	if err := l.App.Control().Listen(); err != nil {
 		return nil, fmt.Errorf("lab: control socket: %w", err)
 	}
