@@ -104,7 +104,14 @@ func TestRxePair(t *testing.T) {
 					rec.Theirs = theirs.fields[2]
 				}
 			}
-			if !(rec.Theirs > 0) {
+			switch {
+			case theirs.untimed:
+				// perftest's clock measurement failed under emulation: its
+				// figure means nothing, as in TestPerftest; the run's exit
+				// status and result line are checked all the same.
+				rec.Theirs, rec.Untimed = 0, true
+				t.Logf("perftest could not time the run (%s), so its figure is not recorded", untimedMark)
+			case !(rec.Theirs > 0):
 				t.Errorf("client result line %v: no figure", theirs.fields)
 			}
 			// The server's figure, where it prints one.
