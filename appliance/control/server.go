@@ -134,9 +134,10 @@ func (m PollMode) Spin() time.Duration {
 // keeps every processor it runs on busy — a reader per port, a poller per
 // client, each polling in turn — and the clients, which poll their
 // completion queues, need cores of their own: on 2 cores, send_lat 2 B
-// between two namespaces' clients took 21 µs with the spinning appliance
-// on two processors and 12.5 µs on one (5 runs each of scripts/bench),
-// with the same write_bw.
+// between two namespaces' clients took 16.3 µs with the spinning
+// appliance on two processors and 12.3 µs on one, while write_bw 64 KiB
+// fell from 1.07× to 0.95× TCP (medians of 10 runs of scripts/bench).
+// The config's procs trades back.
 func (m PollMode) Procs(available int) int {
 	if m == PollSpin {
 		return max(1, available/2)
