@@ -217,7 +217,7 @@ func TestDoorbellFromFd(t *testing.T) {
 		open func() int
 	}{
 		{"memfd", func() int { fd, _ := unix.MemfdCreate("x", unix.MFD_CLOEXEC); return fd }},
-		{"pipe", func() int {
+		{"pipe's read end", func() int {
 			var p [2]int
 			unix.Pipe2(p[:], unix.O_CLOEXEC)
 			unix.Close(p[1])
@@ -283,5 +283,87 @@ func TestDoorbellWaitRung(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("WaitRung did not return after Close")
+	}
+}
+
+// TestPipeDoorbell: a pipe doorbell is waited on by its maker and rung
+// through the write end it hands out (and by its maker too); a Wait
+// consumes every ring so far, even more than the pipe holds; waiting
+// allocates nothing; Close wakes the waiter and closes both ends.
+func TestPipeDoorbell(t *testing.T) {
+	checkNoFdLeak(t)
+	d, err := NewPipeDoorbell()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	flags, err := unix.FcntlInt(uintptr(d.Fd()), unix.F_GETFL, 0)
+	if err != nil || flags&unix.O_ACCMODE != unix.O_WRONLY || flags&unix.O_NONBLOCK == 0 {
+		t.Fatalf("Fd's flags %#x, %v: want the write end, non-blocking", flags, err)
+	}
+	peer, err := DoorbellFromFd(dupFd(t, d.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	if rung, err := d.Drain(); err != nil || rung {
+		t.Fatalf("Drain on a fresh doorbell = %v, %v", rung, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, rings := range []int{1, 3, 100_000} { // a pipe holds 64 KiB
+		for range rings {
+			if err := peer.Ring(); err != nil {
+				t.Fatalf("ring: %v", err)
+			}
+		}
+		if err := d.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if rung, err := d.Drain(); err != nil || rung {
+			t.Fatalf("Drain after Wait for %d rings = %v, %v", rings, rung, err)
+		}
+	}
+	if err := d.Ring(); err != nil {
+		t.Fatal(err)
+	}
+	if rung, err := d.Drain(); err != nil || !rung {
+		t.Fatalf("Drain after the maker's own Ring = %v, %v", rung, err)
+	}
+	if _, err := peer.Drain(); err == nil {
+		t.Error("the write end could be waited on")
+	}
+	allocs := testing.AllocsPerRun(100, func() {
+		if err := peer.Ring(); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.WaitRung(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("Ring + WaitRung: %v allocations", allocs)
+	}
+
+	done := make(chan error, 1)
+	go func() { done <- d.WaitRung() }()
+	time.Sleep(20 * time.Millisecond)
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, os.ErrClosed) {
+			t.Fatalf("WaitRung on a closed doorbell = %v, want os.ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("WaitRung did not return after Close")
+	}
+	if err := d.Ring(); !errors.Is(err, os.ErrClosed) {
+		t.Fatalf("Ring after Close = %v", err)
+	}
+	// The peer's ring reaches no reader now: an error, not a signal.
+	if err := peer.Ring(); err == nil {
+		t.Error("the peer rang a closed doorbell without an error")
 	}
 }

@@ -28,8 +28,8 @@ var (
 	ErrCorrupt = errors.New("shmem: corrupt ring index")
 
 	// ErrNotEventfd reports a file descriptor given as a doorbell that is
-	// not an eventfd.
-	ErrNotEventfd = errors.New("shmem: not an eventfd")
+	// neither an eventfd nor the write end of a pipe.
+	ErrNotEventfd = errors.New("shmem: not an eventfd or a pipe's write end")
 
 	// ErrTruncated reports a message received with data or file descriptors
 	// cut off: more descriptors than the caller allowed, a control message

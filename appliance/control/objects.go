@@ -149,7 +149,10 @@ func (ss *session) open(name string) (*abi.OpenReply, int, error) {
 	if ss.dev != nil {
 		return nil, 0, errno(syscall.EBUSY, "this connection has a device open")
 	}
-	kick, err := shmem.NewDoorbell()
+	// A pipe: a client posts and then polls for the answer, and a pipe's
+	// wakeup lets it go on polling where an eventfd's would preempt it
+	// (shmem.NewPipeDoorbell).
+	kick, err := shmem.NewPipeDoorbell()
 	if err != nil {
 		return nil, 0, err
 	}

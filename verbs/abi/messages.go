@@ -84,8 +84,9 @@ type PortAttr struct {
 	GIDTypes [MaxGIDs]uint8
 }
 
-// OpenReply answers OpOpen. A doorbell eventfd comes with it: the client
-// rings it after posting when the appliance said it sleeps.
+// OpenReply answers OpOpen. A doorbell comes with it, the write end of a
+// pipe (shmem.NewPipeDoorbell): the client rings it after posting when the
+// appliance said it sleeps.
 type OpenReply struct {
 	Errno  Errno
 	Device DeviceAttr
