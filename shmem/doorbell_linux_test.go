@@ -261,8 +261,16 @@ func TestDoorbellWaitRung(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	checkWaitRungAllocs(t, d, d)
+	checkCloseWakesWaitRung(t, d)
+}
+
+// checkWaitRungAllocs fails the test when ringer's Ring and d's WaitRung
+// allocate.
+func checkWaitRungAllocs(t *testing.T, ringer, d *Doorbell) {
+	t.Helper()
 	allocs := testing.AllocsPerRun(100, func() {
-		if err := d.Ring(); err != nil {
+		if err := ringer.Ring(); err != nil {
 			t.Fatal(err)
 		}
 		if err := d.WaitRung(); err != nil {
@@ -272,10 +280,18 @@ func TestDoorbellWaitRung(t *testing.T) {
 	if allocs != 0 {
 		t.Errorf("Ring + WaitRung: %v allocations", allocs)
 	}
+}
+
+// checkCloseWakesWaitRung closes d under a goroutine in WaitRung, which
+// must return os.ErrClosed.
+func checkCloseWakesWaitRung(t *testing.T, d *Doorbell) {
+	t.Helper()
 	done := make(chan error, 1)
 	go func() { done <- d.WaitRung() }()
 	time.Sleep(20 * time.Millisecond)
-	d.Close()
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
 	select {
 	case err := <-done:
 		if !errors.Is(err, os.ErrClosed) {
@@ -333,32 +349,8 @@ func TestPipeDoorbell(t *testing.T) {
 	if _, err := peer.Drain(); err == nil {
 		t.Error("the write end could be waited on")
 	}
-	allocs := testing.AllocsPerRun(100, func() {
-		if err := peer.Ring(); err != nil {
-			t.Fatal(err)
-		}
-		if err := d.WaitRung(); err != nil {
-			t.Fatal(err)
-		}
-	})
-	if allocs != 0 {
-		t.Errorf("Ring + WaitRung: %v allocations", allocs)
-	}
-
-	done := make(chan error, 1)
-	go func() { done <- d.WaitRung() }()
-	time.Sleep(20 * time.Millisecond)
-	if err := d.Close(); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		if !errors.Is(err, os.ErrClosed) {
-			t.Fatalf("WaitRung on a closed doorbell = %v, want os.ErrClosed", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("WaitRung did not return after Close")
-	}
+	checkWaitRungAllocs(t, peer, d)
+	checkCloseWakesWaitRung(t, d)
 	if err := d.Ring(); !errors.Is(err, os.ErrClosed) {
 		t.Fatalf("Ring after Close = %v", err)
 	}
