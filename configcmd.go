@@ -62,6 +62,11 @@ func printConfig(w io.Writer, c *config.Config) {
 	} else {
 		fmt.Fprintf(w, "  procs            chosen by poll\n")
 	}
+	if c.CPUs != "" {
+		fmt.Fprintf(w, "  cpus             %s\n", c.CPUs)
+	} else {
+		fmt.Fprintf(w, "  cpus             all\n")
+	}
 	fmt.Fprintf(w, "  linger           %v\n", c.Linger)
 	fmt.Fprintf(w, "  default MTU      %d\n", c.DefaultMTU)
 	fmt.Fprintf(w, "  client limits    %d QPs, %d CQs, %d SRQs, %d MRs, %d PDs, %d AHs, %s of MRs\n",

@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/taproce/taproce/appliance/control"
+	"github.com/taproce/taproce/internal/cpulist"
 	"github.com/taproce/taproce/internal/lab"
 )
 
@@ -40,6 +41,7 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.Socket, "socket", "", "control socket of the lab's appliance (default "+lab.DefaultSocket+")")
 	poll := fs.String("poll", "adaptive", `how the appliance waits for its clients' posts: "block", "spin" or "adaptive"`)
 	fs.IntVar(&o.Procs, "procs", 0, "processors the appliance runs on while clients use it, as the config's procs (0: as --poll chooses: half of them for spin, all otherwise)")
+	fs.StringVar(&o.CPUs, "cpus", "", `processors the appliance runs on while clients use it, as the config's cpus ("1", "2-3"); the client processes run on the others (default: all, for both)`)
 	rdmaMiB := fs.Int("rdma-mib", 64, "MiB moved by RDMA WRITE and read back by RDMA READ between the first two hosts (0: skip)")
 	verbose := fs.Bool("v", false, "log port events")
 	fs.Usage = func() {
@@ -59,10 +61,6 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(stderr, "taproce lab: needs root (network namespaces, TAP devices)")
-		return 2
-	}
 	o.Out = stdout
 	pm, err := control.ParsePollMode(*poll)
 	if err != nil {
@@ -72,6 +70,16 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 	o.Poll = pm
 	if o.Procs < 0 {
 		fmt.Fprintf(stderr, "taproce lab: --procs %d: want 0 or more\n", o.Procs)
+		return 2
+	}
+	if o.CPUs != "" {
+		if _, err := cpulist.Parse(o.CPUs); err != nil {
+			fmt.Fprintf(stderr, "taproce lab: --cpus: %v\n", err)
+			return 2
+		}
+	}
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(stderr, "taproce lab: needs root (network namespaces, TAP devices)")
 		return 2
 	}
 	o.RDMA = *rdmaMiB << 20

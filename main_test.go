@@ -100,3 +100,45 @@ func TestConfigCommandErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigCommandPlacement: `taproce config` shows where the appliance
+// runs — procs and cpus as set, or chosen for it.
+func TestConfigCommandPlacement(t *testing.T) {
+	for _, c := range []struct{ text, procs, cpus string }{
+		{"", "chosen by poll", "all"},
+		{"procs = 2\ncpus = \"1,3-4\"\n", "2", "1,3-4"},
+	} {
+		path := filepath.Join(t.TempDir(), "p.toml")
+		if err := os.WriteFile(path, []byte(c.text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		code, out, errOut := runCmd("config", path)
+		if code != 0 {
+			t.Fatalf("%q: exit %d: %s", c.text, code, errOut)
+		}
+		for _, want := range []string{"procs            " + c.procs + "\n", "cpus             " + c.cpus + "\n"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("%q: no %q in\n%s", c.text, want, out)
+			}
+		}
+	}
+}
+
+// TestLabFlags: a bad --cpus or --procs is a usage error, named, before
+// anything is built.
+func TestLabFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"lab", "--cpus", "x"}, "--cpus"},
+		{[]string{"lab", "--cpus", "3-1"}, "--cpus"},
+		{[]string{"lab", "--procs", "-1"}, "--procs"},
+		{[]string{"lab", "--poll", "busy"}, "busy"},
+	} {
+		code, _, errOut := runCmd(c.args...)
+		if code != 2 || !strings.Contains(errOut, c.want) {
+			t.Errorf("taproce %v: exit %d, %q; want 2 naming %q", c.args, code, errOut, c.want)
+		}
+	}
+}

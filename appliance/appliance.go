@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/taproce/taproce/appliance/control"
+	"github.com/taproce/taproce/internal/cpulist"
 	"github.com/taproce/taproce/tap"
 )
 
@@ -39,21 +40,59 @@ type Options struct {
 // Procs returns the GOMAXPROCS an appliance process should run with, or 0
 // to leave the runtime's choice: configured when it is positive; else
 // none when the GOMAXPROCS environment variable chose already; else what
-// the poll mode takes of the processors the runtime gave the process
-// (control.PollMode.Procs). Only the process that hosts the appliance can
+// the poll mode takes (control.PollMode.Procs) of cpus processors — those
+// the appliance is pinned to (config cpus) — or, for cpus 0, of those the
+// runtime gave the process. Only the process that hosts the appliance can
 // apply it: it is the whole process's setting.
-func Procs(mode control.PollMode, configured int) int {
+func Procs(mode control.PollMode, configured, cpus int) int {
 	switch {
 	case configured > 0:
 		return configured
 	case os.Getenv("GOMAXPROCS") != "":
 		return 0
+	case cpus > 0:
+		// Explicit: the runtime follows a new affinity only in time.
+		return mode.Procs(cpus)
 	}
 	avail := runtime.GOMAXPROCS(0)
 	if n := mode.Procs(avail); n != avail {
 		return n
 	}
 	return 0
+}
+
+// Place runs the calling process as the host of an appliance whose poll
+// mode is mode: every thread on the processors cpus lists (config cpus, a
+// cpulist; "" leaves them where they are), and GOMAXPROCS as Procs chooses
+// for procs (config procs). restore puts both back as they were. A list
+// that names a processor the process may not use is an error wrapping
+// cpulist.ErrNotAllowed; Place then changes nothing.
+func Place(mode control.PollMode, procs int, cpus string) (restore func() error, err error) {
+	unpin := func() error { return nil }
+	n := 0
+	if cpus != "" {
+		set, err := cpulist.Parse(cpus)
+		if err != nil {
+			return nil, fmt.Errorf("appliance: cpus: %w", err)
+		}
+		if unpin, err = cpulist.Pin(set); err != nil {
+			return nil, fmt.Errorf("appliance: cpus: %w", err)
+		}
+		n = set.Count()
+	}
+	prev := -1
+	if p := Procs(mode, procs, n); p > 0 {
+		prev = runtime.GOMAXPROCS(p)
+	}
+	return func() error {
+		if prev > 0 {
+			runtime.GOMAXPROCS(prev)
+		}
+		if err := unpin(); err != nil {
+			return fmt.Errorf("appliance: cpus: %w", err)
+		}
+		return nil
+	}, nil
 }
 
 // Appliance is the daemon's core: NICs (ports with their transports), the

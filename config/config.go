@@ -33,6 +33,7 @@ import (
 
 	"github.com/taproce/taproce/appliance/control"
 	"github.com/taproce/taproce/appliance/impair"
+	"github.com/taproce/taproce/internal/cpulist"
 )
 
 // Defaults and limits.
@@ -158,6 +159,13 @@ type Config struct {
 	// GOMAXPROCS environment variable replaces that choice; a positive
 	// procs replaces both.
 	Procs int
+	// CPUs is the processors the appliance's process runs on, as a
+	// processor list ("1", "2-3,6"; cpulist.Parse), every one of them a
+	// processor the process may use; "" leaves it on all of those. With
+	// CPUs, the poll mode's share (Procs 0) is taken of these processors.
+	// A software NIC on processors of its own answers at once instead of
+	// waiting for a turn on a core that a client busy-polls.
+	CPUs string
 	// Limits bound what one client may hold.
 	Limits Limits
 	// Linger is how long a connected RC queue pair keeps answering its
@@ -418,6 +426,11 @@ func (c *Config) validate(line lineFunc) []*Error {
 	}
 	if c.Procs < 0 || c.Procs > MaxProcs {
 		v.add("procs", fmt.Sprintf("%d is outside 0..%d", c.Procs, MaxProcs), nil)
+	}
+	if c.CPUs != "" {
+		if _, err := cpulist.Parse(c.CPUs); err != nil {
+			v.add("cpus", fmt.Sprintf("%q is not a processor list such as \"1\" or \"2-3,6\"", c.CPUs), err)
+		}
 	}
 	if c.Linger <= 0 {
 		v.add("linger", fmt.Sprintf("%v is not a positive duration", c.Linger), nil)

@@ -240,6 +240,8 @@ addresses = ["10.0.0.2/8"]
 		{"linger", `linger = "500ms"`, mod(func(c *Config) { c.Linger = 500 * time.Millisecond })},
 		{"procs", `procs = 1`, mod(func(c *Config) { c.Procs = 1 })},
 		{"procs chosen by poll", `procs = 0`, mod(func(c *Config) { c.Procs = 0 })},
+		{"cpus", `cpus = "1,3-4"`, mod(func(c *Config) { c.CPUs = "1,3-4" })},
+		{"cpus all", `cpus = ""`, mod(func(c *Config) { c.CPUs = "" })},
 		{"default_mtu for ports without mtu", doc(`
 default_mtu = 9000
 [[port]]
@@ -375,6 +377,10 @@ namespace = "a"
 		{"procs negative", `procs = -1`, []string{"x.toml:1: procs: -1 is outside 0..1024"}},
 		{"procs too many", `procs = 1025`, []string{"x.toml:1: procs: 1025 is outside 0..1024"}},
 		{"procs type", `procs = "all"`, []string{"x.toml:1: procs: want an integer, not a string"}},
+		{"cpus not a list", `cpus = "all"`, []string{`x.toml:1: cpus: "all" is not a processor list such as "1" or "2-3,6"`}},
+		{"cpus backwards", `cpus = "3-1"`, []string{`x.toml:1: cpus: "3-1" is not a processor list such as "1" or "2-3,6"`}},
+		{"cpus beyond", `cpus = "0,1024"`, []string{`x.toml:1: cpus: "0,1024" is not a processor list such as "1" or "2-3,6"`}},
+		{"cpus type", `cpus = 1`, []string{"x.toml:1: cpus: want a string, not an integer"}},
 		{"linger not a duration", `linger = "30"`, []string{`x.toml:1: linger: "30" is not a duration such as "30s" or "500ms"`}},
 		{"linger integer", `linger = 30`, []string{"x.toml:1: linger: want a string, not an integer"}},
 		{"linger zero", `linger = "0s"`, []string{"x.toml:1: linger: 0s is not a positive duration"}},

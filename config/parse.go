@@ -22,7 +22,7 @@ import (
 // The keys each table knows, for unknown-key messages.
 var (
 	topKeys = []string{"socket", "admin_socket", "metrics_address", "state_file", "log_level", "local_switch", "poll",
-		"procs", "linger", "default_mtu", "limits", "port"}
+		"procs", "cpus", "linger", "default_mtu", "limits", "port"}
 	limitsKeys = []string{"qps", "cqs", "srqs", "mrs", "pds", "ahs", "mr_bytes"}
 	portKeys   = []string{"namespace", "name", "mode", "mac", "addresses", "mtu", "impair"}
 	impairKeys = []string{"ingress", "egress"}
@@ -207,6 +207,8 @@ func (d *decoder) config(raw map[string]any) *Config {
 			d.str(k, v, &c.Poll)
 		case "procs":
 			d.integer(k, v, &c.Procs, 0, MaxProcs)
+		case "cpus":
+			d.str(k, v, &c.CPUs)
 		case "linger":
 			d.duration(k, v, &c.Linger)
 		case "default_mtu":

@@ -65,13 +65,23 @@ type Daemon struct {
 // down. It returns nil after a shutdown that ctx asked for and that went
 // cleanly, and an error when the daemon could not start, a server failed,
 // or the shutdown left something behind. While it runs, the process runs
-// on the processors cfg's procs and poll choose (appliance.Procs): the
-// daemon owns its process.
+// on the processors cfg's cpus lists, as many at once as its procs and
+// poll choose (appliance.Place): the daemon owns its process.
 func Run(ctx context.Context, cfg *config.Config, logger *slog.Logger) error {
-	if poll, err := cfg.PollMode(); err == nil {
-		if n := appliance.Procs(poll, cfg.Procs); n > 0 {
-			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(n))
+	if poll, err := cfg.PollMode(); err == nil && cfg.Validate() == nil {
+		restore, err := appliance.Place(poll, cfg.Procs, cfg.CPUs)
+		if err != nil {
+			return fmt.Errorf("daemon: %w", err)
 		}
+		defer func() {
+			if err := restore(); err != nil {
+				log := logger
+				if log == nil {
+					log = slog.Default()
+				}
+				log.Warn("putting the process back on its processors", "err", err)
+			}
+		}()
 	}
 	d, err := Start(ctx, cfg, logger)
 	if err != nil {

@@ -25,6 +25,7 @@ import (
 	"github.com/taproce/taproce/appliance/redirect"
 	"github.com/taproce/taproce/appliance/redirect/redirecttest"
 	"github.com/taproce/taproce/config"
+	"github.com/taproce/taproce/internal/cpulist"
 	"github.com/taproce/taproce/internal/netnsutil"
 	"github.com/taproce/taproce/internal/testnet"
 	"github.com/taproce/taproce/tap"
@@ -617,24 +618,38 @@ func TestTransferMetrics(t *testing.T) {
 }
 
 // TestRunProcs: while Run serves, the process runs on the processors the
-// configuration chooses, and afterwards on as many as before.
+// configuration chooses — as many at once as procs and poll say, on those
+// cpus lists — and afterwards as before.
 func TestRunProcs(t *testing.T) {
 	testnet.RequireRoot(t)
 	t.Setenv("GOMAXPROCS", "")
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4))
+	allowed, err := cpulist.Allowed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last cpulist.Set
+	for c := range cpulist.Max {
+		if allowed.IsSet(c) {
+			last = cpulist.Set{}
+			last.Set(c)
+		}
+	}
 	for _, c := range []struct {
 		name  string
 		poll  string
 		procs int
+		cpus  string
 		want  int
 	}{
-		{"spin takes half", config.PollSpin, 0, 2},
-		{"block takes all", config.PollBlock, 0, 4},
-		{"configured", config.PollBlock, 1, 1},
+		{"spin takes half", config.PollSpin, 0, "", 2},
+		{"block takes all", config.PollBlock, 0, "", 4},
+		{"configured", config.PollBlock, 1, "", 1},
+		{"block on its cpus", config.PollBlock, 0, cpulist.Format(last), 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := testConfig(t.TempDir())
-			cfg.Poll, cfg.Procs = c.poll, c.procs
+			cfg.Poll, cfg.Procs, cfg.CPUs = c.poll, c.procs, c.cpus
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			done := make(chan error, 1)
@@ -657,6 +672,13 @@ func TestRunProcs(t *testing.T) {
 			if got := runtime.GOMAXPROCS(0); got != c.want {
 				t.Errorf("serving with poll %s and procs %d: GOMAXPROCS %d, want %d", c.poll, c.procs, got, c.want)
 			}
+			wantSet := allowed
+			if c.cpus != "" {
+				wantSet = last
+			}
+			if got, err := cpulist.Allowed(); err != nil || got != wantSet {
+				t.Errorf("serving with cpus %q: runs on %q (%v)", c.cpus, cpulist.Format(got), err)
+			}
 			cancel()
 			if err := <-done; err != nil {
 				t.Fatalf("Run: %v", err)
@@ -664,6 +686,30 @@ func TestRunProcs(t *testing.T) {
 			if got := runtime.GOMAXPROCS(0); got != 4 {
 				t.Errorf("after Run: GOMAXPROCS %d, want 4 as before", got)
 			}
+			if got, err := cpulist.Allowed(); err != nil || got != allowed {
+				t.Errorf("after Run: runs on %q (%v), want %q", cpulist.Format(got), err, cpulist.Format(allowed))
+			}
 		})
+	}
+}
+
+// TestRunRefusesCPUs: a processor the process may not use is an error
+// before anything starts.
+func TestRunRefusesCPUs(t *testing.T) {
+	allowed, err := cpulist.Allowed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if allowed.IsSet(cpulist.Max - 1) {
+		t.Skip("this process may use every processor number")
+	}
+	cfg := testConfig(t.TempDir())
+	cfg.CPUs = fmt.Sprint(cpulist.Max - 1)
+	err = daemon.Run(t.Context(), cfg, quietLogger())
+	if !errors.Is(err, cpulist.ErrNotAllowed) {
+		t.Fatalf("Run with cpus %s: %v, want ErrNotAllowed", cfg.CPUs, err)
+	}
+	if _, serr := os.Stat(cfg.Socket); serr == nil {
+		t.Error("the control socket exists: Run started")
 	}
 }

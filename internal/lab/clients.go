@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -16,7 +17,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/taproce/taproce/appliance"
+	"github.com/taproce/taproce/internal/cpulist"
 )
 
 // The lab's verbs steps run the taproce binary as separate client
@@ -40,11 +44,34 @@ func (l *Lab) startClient(ctx context.Context, binary string, h *Host, args ...s
 	c := &client{cmd: cmd, done: make(chan error, 1)}
 	cmd.Stdout = &lockedWriter{c: c}
 	cmd.Stderr = &lockedWriter{c: c}
-	if err := cmd.Start(); err != nil {
+	if err := startOn(cmd, l.clientCPUs); err != nil {
 		return nil, fmt.Errorf("lab: %s %s: %w", binary, strings.Join(args, " "), err)
 	}
 	go func() { c.done <- cmd.Wait() }()
 	return c, nil
+}
+
+// startOn starts cmd on the processors cpus holds (nil: where this
+// process runs): it forks from a thread pinned to them for the moment,
+// and a new process inherits its parent thread's mask.
+func startOn(cmd *exec.Cmd, cpus *cpulist.Set) error {
+	if cpus == nil {
+		return cmd.Start()
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var prev cpulist.Set
+	if err := unix.SchedGetaffinity(0, &prev); err != nil {
+		return fmt.Errorf("lab: sched_getaffinity: %w", err)
+	}
+	if err := unix.SchedSetaffinity(0, cpus); err != nil {
+		return fmt.Errorf("lab: run a client on processors %s: %w", cpulist.Format(*cpus), err)
+	}
+	err := cmd.Start()
+	if rerr := unix.SchedSetaffinity(0, &prev); rerr != nil {
+		return errors.Join(err, fmt.Errorf("lab: sched_setaffinity: %w", rerr))
+	}
+	return err
 }
 
 type lockedWriter struct{ c *client }
@@ -179,23 +206,32 @@ func verbsSteps(ctx context.Context, l *Lab, binary string) []Step {
 	return steps
 }
 
-// appProcs runs the lab's process on the processors its appliance's poll
-// mode takes (appliance.Procs), as `taproce run` runs the appliance, until
-// the returned function restores the setting. The appliance shares the lab's
-// process, so only the phases where clients use it apply it.
-func (l *Lab) appProcs() (restore func()) {
-	if n := appliance.Procs(l.Poll, l.Procs); n > 0 {
-		prev := runtime.GOMAXPROCS(n)
-		return func() { runtime.GOMAXPROCS(prev) }
+// appPlace runs the lab's process on the processors its appliance takes
+// — CPUs, and as many at once as Procs and Poll choose (appliance.Place),
+// as `taproce run` runs the appliance — until the returned function puts
+// it back. The appliance shares the lab's process, so only the phases
+// where clients use it apply it.
+func (l *Lab) appPlace() (restore func(), err error) {
+	r, err := appliance.Place(l.Poll, l.Procs, l.CPUs)
+	if err != nil {
+		return nil, fmt.Errorf("lab: %w", err)
 	}
-	return func() {}
+	return func() {
+		if err := r(); err != nil {
+			l.Logger.Warn("lab: putting the process back on its processors", "err", err)
+		}
+	}, nil
 }
 
 // serveClients serves the lab's appliance on its control socket while the
 // client steps run, on the processors the appliance takes, then stops
 // serving.
 func (l *Lab) serveClients(ctx context.Context, binary string) []Step {
-	defer l.appProcs()()
+	restore, err := l.appPlace()
+	if err != nil {
+		return []Step{{Name: "verbs clients: the appliance's processors", Detail: err.Error()}}
+	}
+	defer restore()
 	if binary == "" {
 		self, err := os.Executable()
 		if err != nil {

@@ -24,6 +24,7 @@ import (
 	"github.com/taproce/taproce/appliance/control"
 	"github.com/taproce/taproce/appliance/impair"
 	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/internal/cpulist"
 	"github.com/taproce/taproce/internal/netnsutil"
 )
 
@@ -61,6 +62,11 @@ type Topology struct {
 	// Procs is how many processors the lab's process runs on while
 	// clients use the appliance (config procs; 0: as Poll chooses).
 	Procs int
+	// CPUs is the processors the lab's process — the appliance — runs on
+	// while clients use it (config cpus, a processor list; "": all of
+	// them), and the client processes then run on the others: a NIC with
+	// processors of its own, as under Kubernetes' static CPU manager.
+	CPUs string
 }
 
 // DefaultSocket is the control socket of a lab's appliance.
@@ -106,6 +112,34 @@ type Lab struct {
 	App        *appliance.Appliance // serves verbs on Socket once Serve runs
 	namespaces []string
 	perf       []perfRow // the perf runs of the client steps
+	// clientCPUs is where client processes run: the processors CPUs
+	// leaves (nil: anywhere).
+	clientCPUs *cpulist.Set
+}
+
+// clientCPUs returns where the client processes run when the appliance
+// runs on the processors cpus lists: on the others this process may use;
+// nil (anywhere) when cpus is "" or leaves none.
+func clientCPUs(cpus string) (*cpulist.Set, error) {
+	if cpus == "" {
+		return nil, nil
+	}
+	set, err := cpulist.Parse(cpus)
+	if err != nil {
+		return nil, fmt.Errorf("lab: cpus: %w", err)
+	}
+	allowed, err := cpulist.Allowed()
+	if err != nil {
+		return nil, fmt.Errorf("lab: %w", err)
+	}
+	if !cpulist.Subset(set, allowed) {
+		return nil, fmt.Errorf("lab: cpus %q: %w: this process may run on %q", cpus, cpulist.ErrNotAllowed, cpulist.Format(allowed))
+	}
+	rest := cpulist.Without(allowed, set)
+	if rest.Count() == 0 {
+		return nil, nil
+	}
+	return &rest, nil
 }
 
 // Build creates the lab's namespaces, links and ports. On error everything
@@ -130,6 +164,9 @@ func Build(t Topology) (l *Lab, err error) {
 		t.Socket = DefaultSocket
 	}
 	l = &Lab{Topology: t}
+	if l.clientCPUs, err = clientCPUs(t.CPUs); err != nil {
+		return nil, err
+	}
 	l.App = appliance.New(appliance.Options{Socket: t.Socket, LocalSwitch: t.LocalSwitch, Poll: t.Poll, Logger: t.Logger})
 	defer func() {
 		if err != nil {

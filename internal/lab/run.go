@@ -52,6 +52,9 @@ type Options struct {
 	// Procs is how many processors the appliance runs on while clients
 	// use it (config procs; 0: as Poll chooses, appliance.Procs).
 	Procs int
+	// CPUs is the processors the appliance runs on while clients use it,
+	// the clients running on the others (config cpus; "": all).
+	CPUs string
 	// Binary is the taproce executable the client processes run (default:
 	// this process's own); "-" skips the client steps.
 	Binary string
@@ -110,7 +113,7 @@ func Run(ctx context.Context, o Options) ([]Step, error) {
 	l, err := Build(Topology{
 		Prefix: o.Prefix, Hosts: o.Hosts, MTU: o.MTU, Offload: o.Offload,
 		Ingress: spec, Egress: spec, Capture: pcap, Handler: ex.receive, Logger: o.Logger,
-		Socket: o.Socket, LocalSwitch: o.LocalSwitch, Poll: o.Poll, Procs: o.Procs,
+		Socket: o.Socket, LocalSwitch: o.LocalSwitch, Poll: o.Poll, Procs: o.Procs, CPUs: o.CPUs,
 	})
 	steps := []Step{{Name: "build", OK: err == nil, Took: time.Since(start)}}
 	if err != nil {

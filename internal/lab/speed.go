@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/taproce/taproce/appliance/control"
+	"github.com/taproce/taproce/internal/cpulist"
 	"github.com/taproce/taproce/internal/netnsutil"
 	"github.com/taproce/taproce/tap"
 )
@@ -28,6 +29,10 @@ type SpeedOptions struct {
 	// Procs is how many processors the appliance runs on (config procs;
 	// 0: as Poll chooses). The baselines run on all of them.
 	Procs int
+	// CPUs is the processors the appliance runs on (config cpus; "":
+	// all), the client processes running on the others. The baselines
+	// run on all of them.
+	CPUs string
 	// Binary is the taproce executable the perf client processes run.
 	Binary string
 	// Socket is the appliance's control socket (default DefaultSocket).
@@ -60,6 +65,8 @@ type SpeedResult struct {
 	RawSpin bool
 	// Procs is how many processors the appliance ran on (GOMAXPROCS).
 	Procs int
+	// CPUs is the processors the appliance ran on ("": all).
+	CPUs string
 }
 
 // BWRatio is WriteBW over TCP.
@@ -93,13 +100,13 @@ func Speed(ctx context.Context, o SpeedOptions) (*SpeedResult, error) {
 		o.RawRounds = 20000
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	l, err := Build(Topology{Prefix: o.Prefix, Hosts: 2, MTU: 9000, Offload: true, Poll: o.Poll, Procs: o.Procs, Socket: o.Socket, Logger: quiet})
+	l, err := Build(Topology{Prefix: o.Prefix, Hosts: 2, MTU: 9000, Offload: true, Poll: o.Poll, Procs: o.Procs, CPUs: o.CPUs, Socket: o.Socket, Logger: quiet})
 	if err != nil {
 		return nil, err
 	}
 	defer l.Close()
 	a, b := l.Hosts[0], l.Hosts[1]
-	res := &SpeedResult{Poll: o.Poll, RawSpin: o.Poll.Spin() != 0}
+	res := &SpeedResult{Poll: o.Poll, RawSpin: o.Poll.Spin() != 0, CPUs: o.CPUs}
 
 	// While the baselines run, the appliance's own readers sleep, so that
 	// they take no core from them.
@@ -121,7 +128,11 @@ func Speed(ctx context.Context, o SpeedOptions) (*SpeedResult, error) {
 	}
 
 	// The baselines above had all the processors.
-	defer l.appProcs()()
+	restore, err := l.appPlace()
+	if err != nil {
+		return nil, err
+	}
+	defer restore()
 	res.Procs = runtime.GOMAXPROCS(0)
 	if err := l.App.Control().Listen(); err != nil {
 		return nil, fmt.Errorf("lab: control socket: %w", err)
@@ -172,6 +183,32 @@ func (l *Lab) eventsPingPong(ctx context.Context, binary string, iters int) (tim
 		return 0, fmt.Errorf("lab: pingpong -e: %w", err)
 	}
 	return time.Duration(usec / 2 * float64(time.Microsecond)), nil
+}
+
+// ApplianceCPUs returns the upper half of the processors this process
+// may use — at least one, and leaving at least one to the clients — as a
+// processor list for SpeedOptions.CPUs and Topology.CPUs; "" when the
+// process has a single processor.
+func ApplianceCPUs() (string, error) {
+	allowed, err := cpulist.Allowed()
+	if err != nil {
+		return "", fmt.Errorf("lab: %w", err)
+	}
+	n := allowed.Count()
+	if n < 2 {
+		return "", nil
+	}
+	var own cpulist.Set
+	seen := 0
+	for c := range cpulist.Max {
+		if allowed.IsSet(c) {
+			if seen >= n/2 {
+				own.Set(c)
+			}
+			seen++
+		}
+	}
+	return cpulist.Format(own), nil
 }
 
 // rawMAC is the address of the raw ping-pong's TAP in host i.

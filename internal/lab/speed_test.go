@@ -1,20 +1,30 @@
 package lab
 
 import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/taproce/taproce/appliance"
 	"github.com/taproce/taproce/appliance/control"
+	"github.com/taproce/taproce/internal/cpulist"
 	"github.com/taproce/taproce/internal/testnet"
 )
 
 // BenchmarkLabSpeed measures the lab's TAP path between two namespaces'
 // client processes against baselines from the same run (see Speed), with
 // the appliance blocking, adaptive and spinning — on the processors its
-// poll mode takes (appliance.Procs), and spinning once more on all of
-// them (spin-all-procs). Metrics: procs, the processors it ran on; bw/tcp, the
+// poll mode takes (appliance.Procs), spinning once more on all of them
+// (spin-all-procs), and blocking and spinning on processors of its own
+// (block-own-cpus, spin-own-cpus: the upper half, ApplianceCPUs, with the
+// client processes on the rest). Metrics: procs, the processors it ran on; bw/tcp, the
 // `taproce perf write_bw` 64 KiB bandwidth over TCP's on the same veth
 // (target ≥ 1.0), and lat/raw, `taproce perf send_lat` 2 B's median half
 // round trip over a raw frame ping-pong's between two TAPs (target ≤ 3.0);
@@ -24,17 +34,26 @@ import (
 func BenchmarkLabSpeed(b *testing.B) {
 	testnet.RequireRoot(b)
 	bin := taproceBinary(b)
+	own, err := ApplianceCPUs()
+	if err != nil {
+		b.Fatal(err)
+	}
 	for _, c := range []struct {
 		name  string
 		mode  control.PollMode
 		procs int
+		cpus  string
 	}{
-		{"block", control.PollBlock, 0}, {"adaptive", control.PollAdaptive, 0}, {"spin", control.PollSpin, 0},
-		{"spin-all-procs", control.PollSpin, runtime.GOMAXPROCS(0)},
+		{"block", control.PollBlock, 0, ""}, {"adaptive", control.PollAdaptive, 0, ""}, {"spin", control.PollSpin, 0, ""},
+		{"spin-all-procs", control.PollSpin, runtime.GOMAXPROCS(0), ""},
+		{"block-own-cpus", control.PollBlock, 0, own}, {"spin-own-cpus", control.PollSpin, 0, own},
 	} {
 		b.Run(c.name, func(b *testing.B) {
+			if strings.HasSuffix(c.name, "-own-cpus") && own == "" {
+				b.Skip("one processor: none to give the appliance alone")
+			}
 			for range b.N {
-				r, err := Speed(b.Context(), SpeedOptions{Prefix: testnet.Name() + "-", Poll: c.mode, Procs: c.procs, Binary: bin,
+				r, err := Speed(b.Context(), SpeedOptions{Prefix: testnet.Name() + "-", Poll: c.mode, Procs: c.procs, CPUs: c.cpus, Binary: bin,
 					Socket: filepath.Join(b.TempDir(), "lab.sock")})
 				if err != nil {
 					b.Fatal(err)
@@ -61,20 +80,44 @@ func TestSpeed(t *testing.T) {
 		t.Skip("builds a lab and runs client processes")
 	}
 	bin := taproceBinary(t)
-	for _, mode := range []control.PollMode{control.PollBlock, control.PollSpin} {
-		t.Run(mode.String(), func(t *testing.T) {
-			r, err := Speed(t.Context(), SpeedOptions{Prefix: testnet.Name() + "-", Poll: mode, Binary: bin,
+	own, err := ApplianceCPUs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	type run struct {
+		mode control.PollMode
+		cpus string
+	}
+	cases := []run{{control.PollBlock, ""}, {control.PollSpin, ""}}
+	if own != "" {
+		cases = append(cases, run{control.PollBlock, own})
+	}
+	for _, c := range cases {
+		mode := c.mode
+		name := mode.String()
+		if c.cpus != "" {
+			name += "-on-cpus-" + c.cpus
+		}
+		t.Run(name, func(t *testing.T) {
+			r, err := Speed(t.Context(), SpeedOptions{Prefix: testnet.Name() + "-", Poll: mode, CPUs: c.cpus, Binary: bin,
 				Socket: filepath.Join(t.TempDir(), "lab.sock"), BWIters: 200, LatIters: 200, TCPBytes: 16 << 20, RawRounds: 200})
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Logf("%+v bw/tcp %.2f lat/raw %.2f", r, r.BWRatio(), r.LatRatio())
-			procs := runtime.GOMAXPROCS(0)
-			if n := appliance.Procs(mode, 0); n > 0 {
+			procs, ncpus := runtime.GOMAXPROCS(0), 0
+			if c.cpus != "" {
+				set, err := cpulist.Parse(c.cpus)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ncpus = set.Count()
+			}
+			if n := appliance.Procs(mode, 0, ncpus); n > 0 {
 				procs = n
 			}
 			if r.WriteBW <= 0 || r.TCP <= 0 || r.SendLat <= 0 || r.Raw <= 0 || r.Events <= 0 || r.Poll != mode || r.RawSpin != (mode == control.PollSpin) ||
-				r.Procs != procs {
+				r.Procs != procs || r.CPUs != c.cpus {
 				t.Errorf("result %+v", r)
 			}
 			if r.BWRatio() != r.WriteBW/r.TCP || r.LatRatio() != float64(r.SendLat)/float64(r.Raw) || r.EventsRatio() != float64(r.Events)/float64(r.Raw) {
@@ -84,23 +127,154 @@ func TestSpeed(t *testing.T) {
 	}
 }
 
-// TestAppProcs: the lab runs its clients' phases on the processors its
-// appliance's poll mode takes, and gives the rest back afterwards.
-func TestAppProcs(t *testing.T) {
+// TestAppPlace: the lab runs its clients' phases on the processors its
+// appliance takes — as many at once as its poll mode chooses, on those
+// CPUs lists — and gives the rest back afterwards.
+func TestAppPlace(t *testing.T) {
 	t.Setenv("GOMAXPROCS", "")
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4))
-	for _, c := range []struct {
+	allowed, err := cpulist.Allowed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := ApplianceCPUs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	type placement struct {
 		poll control.PollMode
+		cpus string
 		want int
-	}{{control.PollSpin, 2}, {control.PollBlock, 4}, {control.PollAdaptive, 4}} {
-		l := &Lab{Topology: Topology{Poll: c.poll}}
-		restore := l.appProcs()
+	}
+	cases := []placement{{control.PollSpin, "", 2}, {control.PollBlock, "", 4}, {control.PollAdaptive, "", 4}}
+	if own != "" {
+		set, err := cpulist.Parse(own)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cases = append(cases, placement{control.PollBlock, own, set.Count()}, placement{control.PollSpin, own, max(1, set.Count()/2)})
+	}
+	for _, c := range cases {
+		l := &Lab{Topology: Topology{Poll: c.poll, CPUs: c.cpus, Logger: slog.Default()}}
+		restore, err := l.appPlace()
+		if err != nil {
+			t.Fatal(err)
+		}
 		if got := runtime.GOMAXPROCS(0); got != c.want {
-			t.Errorf("%s: GOMAXPROCS %d while clients run, want %d", c.poll, got, c.want)
+			t.Errorf("%s on %q: GOMAXPROCS %d while clients run, want %d", c.poll, c.cpus, got, c.want)
+		}
+		want := allowed
+		if c.cpus != "" {
+			want, _ = cpulist.Parse(c.cpus)
+		}
+		if got, err := cpulist.Allowed(); err != nil || got != want {
+			t.Errorf("%s on %q: runs on %q while clients run (%v)", c.poll, c.cpus, cpulist.Format(got), err)
 		}
 		restore()
 		if got := runtime.GOMAXPROCS(0); got != 4 {
 			t.Errorf("%s: GOMAXPROCS %d afterwards, want 4", c.poll, got)
+		}
+		if got, err := cpulist.Allowed(); err != nil || got != allowed {
+			t.Errorf("%s on %q: runs on %q afterwards (%v)", c.poll, c.cpus, cpulist.Format(got), err)
+		}
+	}
+}
+
+// TestApplianceCPUs: the appliance gets the upper half of the processors
+// and the clients keep at least one.
+func TestApplianceCPUs(t *testing.T) {
+	allowed, err := cpulist.Allowed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := ApplianceCPUs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if allowed.Count() < 2 {
+		if own != "" {
+			t.Errorf("one processor, yet the appliance gets %q", own)
+		}
+		return
+	}
+	set, err := cpulist.Parse(own)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rest := cpulist.Without(allowed, set)
+	if !cpulist.Subset(set, allowed) || set.Count() != allowed.Count()-allowed.Count()/2 || rest.Count() != allowed.Count()/2 {
+		t.Errorf("of %q the appliance gets %q", cpulist.Format(allowed), own)
+	}
+}
+
+// TestClientCPUs: the clients run on the processors the appliance's
+// leave, anywhere when it takes them all or none is given, and a list
+// the lab cannot use is an error.
+func TestClientCPUs(t *testing.T) {
+	allowed, err := cpulist.Allowed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := clientCPUs(""); got != nil || err != nil {
+		t.Errorf(`clientCPUs(""): %v, %v`, got, err)
+	}
+	if got, err := clientCPUs(cpulist.Format(allowed)); got != nil || err != nil {
+		t.Errorf("clientCPUs(all): %v, %v", got, err)
+	}
+	if own, err := ApplianceCPUs(); err != nil {
+		t.Fatal(err)
+	} else if own != "" {
+		set, _ := cpulist.Parse(own)
+		got, err := clientCPUs(own)
+		if err != nil || got == nil || *got != cpulist.Without(allowed, set) {
+			t.Errorf("clientCPUs(%q): %v, %v", own, got, err)
+		}
+	}
+	if _, err := clientCPUs("x"); !errors.Is(err, cpulist.ErrSyntax) {
+		t.Errorf(`clientCPUs("x"): %v`, err)
+	}
+	if !allowed.IsSet(cpulist.Max - 1) {
+		if _, err := clientCPUs(fmt.Sprint(cpulist.Max - 1)); !errors.Is(err, cpulist.ErrNotAllowed) {
+			t.Errorf("clientCPUs(%d): %v", cpulist.Max-1, err)
+		}
+	}
+}
+
+// TestStartOn: a client process runs on the processors it is started on,
+// and the lab's thread goes back to its own.
+func TestStartOn(t *testing.T) {
+	allowed, err := cpulist.Allowed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var one cpulist.Set
+	for c := range cpulist.Max {
+		if allowed.IsSet(c) {
+			one.Set(c)
+			break
+		}
+	}
+	for _, cpus := range []*cpulist.Set{nil, &one} {
+		cmd := exec.Command("sleep", "10")
+		if err := startOn(cmd, cpus); err != nil {
+			t.Fatal(err)
+		}
+		var got cpulist.Set
+		err := unix.SchedGetaffinity(cmd.Process.Pid, &got)
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := allowed
+		if cpus != nil {
+			want = *cpus
+		}
+		if got != want {
+			t.Errorf("started on %v: runs on %q, want %q", cpus != nil, cpulist.Format(got), cpulist.Format(want))
+		}
+		if mine, err := cpulist.Allowed(); err != nil || mine != allowed {
+			t.Errorf("after startOn the test runs on %q (%v)", cpulist.Format(mine), err)
 		}
 	}
 }
