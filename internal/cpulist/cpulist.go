@@ -129,7 +129,8 @@ var ErrNotAllowed = errors.New("processor not allowed")
 // Pin runs every thread of the process on set — the threads it has and,
 // since a new thread inherits its creator's mask, those it will make —
 // and returns a function that puts them back on the processors the
-// calling thread had. set must be a non-empty subset of Allowed.
+// calling thread had. set must be a non-empty subset of Allowed. When
+// Pin fails, the threads are where they were.
 func Pin(set Set) (restore func() error, err error) {
 	prev, err := Allowed()
 	if err != nil {
@@ -139,7 +140,8 @@ func Pin(set Set) (restore func() error, err error) {
 		return nil, fmt.Errorf("cpulist: pin to %q: %w: this process may run on %q", Format(set), ErrNotAllowed, Format(prev))
 	}
 	if err := setAll(&set); err != nil {
-		return nil, err
+		// Some threads may have moved: put them back.
+		return nil, errors.Join(err, setAll(&prev))
 	}
 	return func() error { return setAll(&prev) }, nil
 }
