@@ -54,16 +54,7 @@ func TestPlace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	first := -1
-	for c := range cpulist.Max {
-		if allowed.IsSet(c) {
-			first = c
-			break
-		}
-	}
-	var oneSet cpulist.Set
-	oneSet.Set(first)
-	one := cpulist.Format(oneSet)
+	one := cpulist.Format(cpulist.Of(cpulist.List(allowed)[0]))
 	for _, c := range []struct {
 		name  string
 		mode  control.PollMode

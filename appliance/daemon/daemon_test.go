@@ -628,13 +628,8 @@ func TestRunProcs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var last cpulist.Set
-	for c := range cpulist.Max {
-		if allowed.IsSet(c) {
-			last = cpulist.Set{}
-			last.Set(c)
-		}
-	}
+	all := cpulist.List(allowed)
+	last := cpulist.Of(all[len(all)-1])
 	for _, c := range []struct {
 		name  string
 		poll  string

@@ -95,6 +95,26 @@ func Format(set Set) string {
 	return b.String()
 }
 
+// List returns the processors of set in ascending order.
+func List(set Set) []int {
+	var out []int
+	for c := range Max {
+		if set.IsSet(c) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// Of returns the set of the given processors.
+func Of(cpus ...int) Set {
+	var set Set
+	for _, c := range cpus {
+		set.Set(c)
+	}
+	return set
+}
+
 // Without returns the processors of a that are not in b.
 func Without(a, b Set) Set {
 	var out Set

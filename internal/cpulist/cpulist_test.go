@@ -9,30 +9,22 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-func set(cpus ...int) Set {
-	var s Set
-	for _, c := range cpus {
-		s.Set(c)
-	}
-	return s
-}
-
 func TestParse(t *testing.T) {
 	for _, tc := range []struct {
 		in   string
 		want Set
 		out  string
 	}{
-		{"0", set(0), "0"},
-		{"3", set(3), "3"},
-		{"0-3", set(0, 1, 2, 3), "0-3"},
-		{"0-3,6", set(0, 1, 2, 3, 6), "0-3,6"},
-		{" 1 , 5-6 ", set(1, 5, 6), "1,5-6"},
-		{"7,0", set(0, 7), "0,7"},
-		{"2-2", set(2), "2"},
-		{"0-1,1-2", set(0, 1, 2), "0-2"},
-		{"1023", set(1023), "1023"},
-		{"010", set(10), "10"},
+		{"0", Of(0), "0"},
+		{"3", Of(3), "3"},
+		{"0-3", Of(0, 1, 2, 3), "0-3"},
+		{"0-3,6", Of(0, 1, 2, 3, 6), "0-3,6"},
+		{" 1 , 5-6 ", Of(1, 5, 6), "1,5-6"},
+		{"7,0", Of(0, 7), "0,7"},
+		{"2-2", Of(2), "2"},
+		{"0-1,1-2", Of(0, 1, 2), "0-2"},
+		{"1023", Of(1023), "1023"},
+		{"010", Of(10), "10"},
 	} {
 		got, err := Parse(tc.in)
 		if err != nil {
@@ -57,15 +49,18 @@ func TestParseErrors(t *testing.T) {
 }
 
 func TestSetOps(t *testing.T) {
-	a, b := set(0, 1, 2, 5), set(1, 5, 9)
-	if got := Without(a, b); got != set(0, 2) {
+	a, b := Of(0, 1, 2, 5), Of(1, 5, 9)
+	if got := Without(a, b); got != Of(0, 2) {
 		t.Errorf("Without = %q", Format(got))
 	}
-	if Subset(a, b) || !Subset(set(1, 5), b) || !Subset(Set{}, a) {
+	if Subset(a, b) || !Subset(Of(1, 5), b) || !Subset(Set{}, a) {
 		t.Error("Subset wrong")
 	}
 	if Format(Set{}) != "" {
 		t.Error("Format of the empty set")
+	}
+	if got := List(Of(7, 0, 3)); len(got) != 3 || got[0] != 0 || got[1] != 3 || got[2] != 7 {
+		t.Errorf("List = %v", got)
 	}
 }
 
@@ -122,13 +117,8 @@ func TestPin(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The last processor the test may use.
-	last := -1
-	for c := range Max {
-		if allowed.IsSet(c) {
-			last = c
-		}
-	}
-	one := set(last)
+	all := List(allowed)
+	one := Of(all[len(all)-1])
 	release := lockThreads(t, 2, func(Set) {})
 	defer release()
 	restore, err := Pin(one)
@@ -172,7 +162,7 @@ func TestPinRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	outside := Without(set(Max-1), allowed)
+	outside := Without(Of(Max-1), allowed)
 	if outside.Count() == 0 {
 		t.Skip("this process may run on the highest processor number")
 	}

@@ -194,21 +194,11 @@ func ApplianceCPUs() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("lab: %w", err)
 	}
-	n := allowed.Count()
-	if n < 2 {
+	all := cpulist.List(allowed)
+	if len(all) < 2 {
 		return "", nil
 	}
-	var own cpulist.Set
-	seen := 0
-	for c := range cpulist.Max {
-		if allowed.IsSet(c) {
-			if seen >= n/2 {
-				own.Set(c)
-			}
-			seen++
-		}
-	}
-	return cpulist.Format(own), nil
+	return cpulist.Format(cpulist.Of(all[len(all)/2:]...)), nil
 }
 
 // rawMAC is the address of the raw ping-pong's TAP in host i.

@@ -247,13 +247,7 @@ func TestStartOn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var one cpulist.Set
-	for c := range cpulist.Max {
-		if allowed.IsSet(c) {
-			one.Set(c)
-			break
-		}
-	}
+	one := cpulist.Of(cpulist.List(allowed)[0])
 	for _, cpus := range []*cpulist.Set{nil, &one} {
 		cmd := exec.Command("sleep", "10")
 		if err := startOn(cmd, cpus); err != nil {
