@@ -154,6 +154,7 @@ func (a *Appliance) AddPortOn(dev tap.Device, cfg PortConfig) (*NIC, error) {
 	// The appliance's poll mode says how it waits for frames as well as
 	// for its clients' posts.
 	cfg.ReadSpin = a.opt.Poll.Spin()
+	cfg.AckDelay = a.opt.Poll.AckDelay()
 	user := cfg.OnLink
 	cfg.OnLink = func(up bool) {
 		a.ctrl.PortEvent(name, up)

@@ -39,6 +39,10 @@ type PortConfig struct {
 	// the TAP for this long before it sleeps; 0 sleeps at once, a
 	// negative value never sleeps (see tap.Tap.SetSpin).
 	ReadSpin time.Duration
+	// AckDelay is how long the NIC's transport lets a positive
+	// acknowledgement wait for a frame to go out with
+	// (transport.Config.AckDelay); 0 sends each at once.
+	AckDelay time.Duration
 	// Ingress and Egress impair the frames the port receives and sends.
 	Ingress, Egress impair.Spec
 	// Capture, when set, records every frame the port sends and receives:

@@ -2,11 +2,16 @@ package appliance
 
 import (
 	"errors"
+	"io"
+	"log/slog"
+	"net/netip"
+	"path/filepath"
 	"runtime"
 	"testing"
 
 	"github.com/taproce/taproce/appliance/control"
 	"github.com/taproce/taproce/internal/cpulist"
+	"github.com/taproce/taproce/tap"
 )
 
 // TestProcs: a configured procs is used as given; otherwise the
@@ -106,5 +111,23 @@ func TestPlace(t *testing.T) {
 		if got := runtime.GOMAXPROCS(0); got != 4 {
 			t.Errorf("a refused Place changed GOMAXPROCS to %d", got)
 		}
+	}
+}
+
+// TestPortAckDelay: a port's transport lets acknowledgements wait as the
+// appliance's poll mode says (control.PollMode.AckDelay).
+func TestPortAckDelay(t *testing.T) {
+	for _, mode := range []control.PollMode{control.PollSpin, control.PollBlock, control.PollAdaptive} {
+		app := New(Options{Socket: filepath.Join(t.TempDir(), "s"), Poll: mode, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		dev, _ := tap.NewFakePair(1500, 8)
+		n, err := app.AddPortOn(dev, PortConfig{Namespace: "ns", Name: dev.Name(),
+			Addrs: []netip.Prefix{netip.MustParsePrefix("10.66.0.1/24")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := n.Engine().AckDelay(); got != mode.AckDelay() {
+			t.Errorf("%s: the port's transport has AckDelay %v, want %v", mode, got, mode.AckDelay())
+		}
+		app.Close()
 	}
 }

@@ -75,6 +75,7 @@ func (ss *session) poll() {
 		}
 		switch mode {
 		case PollSpin:
+			ss.flushAcks()
 			sp.Idle()
 			continue
 		case PollAdaptive:
@@ -161,6 +162,17 @@ func (ss *session) cancelSleep() {
 }
 
 // drain posts what the rings hold; it reports whether it found any.
+// flushAcks sends the acknowledgements that the engines of the session's
+// queue pairs held back for company (transport.Config.AckDelay) once
+// their time is up: a spinning poller is where that time is watched.
+func (ss *session) flushAcks() {
+	for _, w := range *ss.rings.Load() {
+		if w.q != nil {
+			w.q.qp.FlushAcks()
+		}
+	}
+}
+
 func (ss *session) drain(b *batch) bool {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()

@@ -50,3 +50,16 @@ func TestPollModeProcs(t *testing.T) {
 		}
 	}
 }
+
+// TestPollModeAckDelay: only a spinning appliance, whose ring pollers
+// watch the time, lets acknowledgements wait for company.
+func TestPollModeAckDelay(t *testing.T) {
+	for _, c := range []struct {
+		mode PollMode
+		want time.Duration
+	}{{PollSpin, 10 * time.Microsecond}, {PollBlock, 0}, {PollAdaptive, 0}} {
+		if got := c.mode.AckDelay(); got != c.want {
+			t.Errorf("%s.AckDelay() = %v, want %v", c.mode, got, c.want)
+		}
+	}
+}

@@ -128,6 +128,25 @@ func (m PollMode) Spin() time.Duration {
 	return spinFor
 }
 
+// AckDelay is how long, in this mode, the transport lets the
+// acknowledgement of a message that completed a receive wait for a frame
+// to go out with (transport.Config.AckDelay): spinning, 10 µs, watched by
+// the spinning ring pollers — time for the client's answer to that
+// message, which then leaves in the same write; sleeping, none, since
+// nothing would watch the time.
+//
+// Measured with BenchmarkLabSpeed on 2 cores, ten runs each interleaved
+// with none: send_lat 2 B with the appliance spinning went from 12.5 to
+// 10.9 µs, and on a processor of its own from 12.3 to 10.0 µs. The
+// acknowledgement's TAP write (3.6 µs, through both bridges) no longer
+// holds the appliance's one processor between a message and its answer.
+func (m PollMode) AckDelay() time.Duration {
+	if m == PollSpin {
+		return 10 * time.Microsecond
+	}
+	return 0
+}
+
 // Procs is how many of available processors (GOMAXPROCS) the appliance's
 // Go code should run on in this mode: all of them when it sleeps for want
 // of work; half of them, at least one, when it spins. A spinning appliance

@@ -73,6 +73,18 @@ type Config struct {
 	// as a single frame referring to the sender's memory (Batch.Refs),
 	// using the PSNs of all its packets, so the receiver copies it once.
 	Local func(netip.Addr) bool
+	// AckDelay is how long the acknowledgement of a message that completed
+	// a receive (a SEND, a WRITE with immediate) may wait for another
+	// frame of the engine to go out with: the answer the client posts to
+	// that message, as in a ping-pong, or the acknowledgement of the next
+	// message, which covers this one too (an ACK acknowledges every
+	// earlier PSN, IBA 9.7.5.1). They then leave in one write — one UDP
+	// GSO super-frame when their sizes allow — and the peer reads them at
+	// once. 0 sends every acknowledgement at once; so do the other ACKs,
+	// NAKs, RNR NAKs, atomic acknowledgements and READ responses, always.
+	// Someone must call FlushAcks while acknowledgements wait; Tick sends
+	// them too.
+	AckDelay time.Duration
 }
 
 // Stats counts what an engine did.
@@ -102,6 +114,17 @@ type Engine struct {
 	lingering int // killed or closed QPs in qps (QP.linger)
 	nextQPN   uint32
 	ipID      uint16
+	// curUrgent counts the frames of cur that must go out at the end of
+	// the call that built them: all but the positive acknowledgements
+	// that may wait (Config.AckDelay).
+	curUrgent int
+	// ackDue is when the acknowledgements waiting in cur must go out, in
+	// Unix nanoseconds of cfg.Now; 0 when none waits. FlushAcks reads it
+	// without the lock.
+	ackDue atomic.Int64
+	// lazyAck marks the frames being built as acknowledgements that may
+	// wait (Config.AckDelay).
+	lazyAck bool
 
 	async   AsyncOutput // cfg.Out when it writes asynchronously
 	free    chan *Batch // batches not handed out
@@ -222,6 +245,9 @@ func (e *Engine) unframe() { e.curBufs-- }
 
 // emit queues the frame just built in the current buffer with length n.
 func (e *Engine) emit(n int) {
+	if !e.lazyAck {
+		e.curUrgent++
+	}
 	b := e.cur.bufs[e.curBufs-1]
 	e.cur.Frames = append(e.cur.Frames, b[:e.cfg.Out.Headroom()+n])
 	if e.cur.Refs != nil {
@@ -243,11 +269,14 @@ func (e *Engine) emitRef(n int, ref []byte, mr *MR) {
 	c.Refs = append(c.Refs, ref)
 	mr.pins.Add(1)
 	c.pins = append(c.pins, mr)
+	e.curUrgent++
 	e.stats.sent.Add(1)
 }
 
 // flush hands the queued frames to the Output. e.mu is held.
 func (e *Engine) flush() {
+	e.curUrgent = 0
+	e.ackDue.Store(0)
 	b := e.cur
 	if b == nil {
 		return
@@ -424,8 +453,48 @@ func (e *Engine) remove(qp *QP) {
 func (e *Engine) Receive(frame []byte, p *roce.Packet) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	defer e.flush()
+	defer e.flushUrgent()
 	e.receiveLocked(frame, p)
+}
+
+// flushUrgent is flush, except that when everything queued is
+// acknowledgements that may wait (Config.AckDelay), and their time is not
+// up, they stay queued. e.mu is held.
+func (e *Engine) flushUrgent() {
+	if e.cfg.AckDelay > 0 && e.cur != nil && len(e.cur.Frames) > 0 && e.curUrgent == 0 {
+		now := e.cfg.Now().UnixNano()
+		due := e.ackDue.Load()
+		if due == 0 {
+			e.ackDue.Store(now + int64(e.cfg.AckDelay))
+			return
+		}
+		if now < due {
+			return
+		}
+	}
+	e.flush()
+}
+
+// AckDelay returns the engine's Config.AckDelay.
+func (e *Engine) AckDelay() time.Duration { return e.cfg.AckDelay }
+
+// FlushAcks is Engine.FlushAcks for the queue pair's engine.
+func (qp *QP) FlushAcks() { qp.e.FlushAcks() }
+
+// FlushAcks sends the acknowledgements that waited for company
+// (Config.AckDelay) once their time is up. It costs a clock reading and
+// an atomic load when none is due, for pollers to call whenever they
+// find nothing to do.
+func (e *Engine) FlushAcks() {
+	due := e.ackDue.Load()
+	if due == 0 || e.cfg.Now().UnixNano() < due {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.ackDue.Load() != 0 {
+		e.flush()
+	}
 }
 
 // receiveLocked is Receive with e.mu held.
@@ -501,11 +570,15 @@ func (e *Engine) Tick() {
 	}
 }
 
-// NextDeadline returns the earliest timer of any queue pair.
+// NextDeadline returns the earliest timer of any queue pair, or when the
+// acknowledgements that wait for company are due.
 func (e *Engine) NextDeadline() (time.Time, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var next time.Time
+	if due := e.ackDue.Load(); due != 0 {
+		next = time.Unix(0, due)
+	}
 	for _, qp := range e.qps {
 		for _, t := range []time.Time{qp.retryAt, qp.rnrAt, qp.nakAt, qp.killAt} {
 			if !t.IsZero() && (next.IsZero() || t.Before(next)) {

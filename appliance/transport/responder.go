@@ -428,11 +428,15 @@ func (qp *QP) sendOrWrite(frame []byte, p *roce.Packet) {
 		}
 	}
 	if qp.cfg.Type == RC {
+		// The acknowledgement of a message that completed a receive may
+		// wait for the answer its client may post (Config.AckDelay).
+		qp.e.lazyAck = last && needRecv
 		if npkts > 1 {
 			qp.sendAck(p.BTH.PSN.Add(npkts-1), roce.SyndromeACK|roce.CreditInvalid)
 		} else {
 			qp.ack(p)
 		}
+		qp.e.lazyAck = false
 	}
 }
 

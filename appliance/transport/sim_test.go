@@ -31,6 +31,7 @@ type simPort struct {
 	im    *impair.Impairer
 	sim   *sim
 	watch func(frame []byte)      // when set, sees every frame the port sends
+	sends int                     // Send calls: the engine's flushes
 	drop  func(frame []byte) bool // when set, loses the frames it returns true for
 }
 
@@ -40,6 +41,7 @@ func (p *simPort) Headroom() int { return 10 }
 // Send implements Output: frames cross the impaired link into the peer's
 // inbox.
 func (p *simPort) Send(frames [][]byte) {
+	p.sends++
 	for _, f := range frames {
 		f = f[10:]
 		p.sim.sent++
