@@ -23,8 +23,6 @@ type NIC struct {
 	engine atomic.Pointer[transport.Engine]
 	sw     *Switch
 	tap    func([]byte, *roce.Packet) // the port config's Handler, called first
-	// ackDelay is the port config's AckDelay, for the engine.
-	ackDelay time.Duration
 
 	lmu    sync.Mutex
 	local  []localItem   // frames from the switch, for this NIC's engine
@@ -48,7 +46,7 @@ type localItem struct {
 // the local switch to join, nil for none. A Handler in cfg sees every
 // RoCE packet of the port before the engine does.
 func OpenNIC(name string, cfg PortConfig, sw *Switch) (*NIC, error) {
-	n := &NIC{name: name, sw: sw, signal: make(chan struct{}, 1), stop: make(chan struct{}), tap: cfg.Handler, ackDelay: cfg.AckDelay}
+	n := &NIC{name: name, sw: sw, signal: make(chan struct{}, 1), stop: make(chan struct{}), tap: cfg.Handler}
 	cfg.Handler = n.receive
 	p, err := OpenPort(cfg)
 	if err != nil {
@@ -61,7 +59,7 @@ func OpenNIC(name string, cfg PortConfig, sw *Switch) (*NIC, error) {
 // NewNIC runs a port and its engine on an existing device (a fake in
 // tests); the NIC owns dev from then on.
 func NewNIC(name string, dev tap.Device, cfg PortConfig, sw *Switch) (*NIC, error) {
-	n := &NIC{name: name, sw: sw, signal: make(chan struct{}, 1), stop: make(chan struct{}), tap: cfg.Handler, ackDelay: cfg.AckDelay}
+	n := &NIC{name: name, sw: sw, signal: make(chan struct{}, 1), stop: make(chan struct{}), tap: cfg.Handler}
 	cfg.Handler = n.receive
 	p, err := NewPort(dev, cfg)
 	if err != nil {
@@ -74,7 +72,7 @@ func NewNIC(name string, dev tap.Device, cfg PortConfig, sw *Switch) (*NIC, erro
 func (n *NIC) start(p *Port) {
 	n.port = p
 	cfg := transport.Config{MAC: p.MAC(), GIDs: p.Station().GIDs(), MTU: p.Device().MTU(), Out: nicOutput{n},
-		Local: func(a netip.Addr) bool { return n.route(a) != nil }, AckDelay: n.ackDelay}
+		Local: func(a netip.Addr) bool { return n.route(a) != nil }, AckDelay: p.cfg.AckDelay}
 	e := transport.NewEngine(cfg)
 	n.engine.Store(e)
 	if n.sw != nil {

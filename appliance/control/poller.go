@@ -161,7 +161,6 @@ func (ss *session) cancelSleep() {
 	}
 }
 
-// drain posts what the rings hold; it reports whether it found any.
 // flushAcks sends the acknowledgements that the engines of the session's
 // queue pairs held back for company (transport.Config.AckDelay) once
 // their time is up: a spinning poller is where that time is watched.
@@ -173,6 +172,7 @@ func (ss *session) flushAcks() {
 	}
 }
 
+// drain posts what the rings hold; it reports whether it found any.
 func (ss *session) drain(b *batch) bool {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()

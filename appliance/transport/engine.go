@@ -114,10 +114,10 @@ type Engine struct {
 	lingering int // killed or closed QPs in qps (QP.linger)
 	nextQPN   uint32
 	ipID      uint16
-	// curUrgent counts the frames of cur that must go out at the end of
-	// the call that built them: all but the positive acknowledgements
-	// that may wait (Config.AckDelay).
-	curUrgent int
+	// curUrgent tells that cur holds a frame that must go out at the end
+	// of the call that built it: any but an acknowledgement that may wait
+	// (Config.AckDelay).
+	curUrgent bool
 	// ackDue is when the acknowledgements waiting in cur must go out, in
 	// Unix nanoseconds of cfg.Now; 0 when none waits. FlushAcks reads it
 	// without the lock.
@@ -246,7 +246,7 @@ func (e *Engine) unframe() { e.curBufs-- }
 // emit queues the frame just built in the current buffer with length n.
 func (e *Engine) emit(n int) {
 	if !e.lazyAck {
-		e.curUrgent++
+		e.curUrgent = true
 	}
 	b := e.cur.bufs[e.curBufs-1]
 	e.cur.Frames = append(e.cur.Frames, b[:e.cfg.Out.Headroom()+n])
@@ -269,13 +269,13 @@ func (e *Engine) emitRef(n int, ref []byte, mr *MR) {
 	c.Refs = append(c.Refs, ref)
 	mr.pins.Add(1)
 	c.pins = append(c.pins, mr)
-	e.curUrgent++
+	e.curUrgent = true
 	e.stats.sent.Add(1)
 }
 
 // flush hands the queued frames to the Output. e.mu is held.
 func (e *Engine) flush() {
-	e.curUrgent = 0
+	e.curUrgent = false
 	e.ackDue.Store(0)
 	b := e.cur
 	if b == nil {
@@ -461,7 +461,7 @@ func (e *Engine) Receive(frame []byte, p *roce.Packet) {
 // acknowledgements that may wait (Config.AckDelay), and their time is not
 // up, they stay queued. e.mu is held.
 func (e *Engine) flushUrgent() {
-	if e.cfg.AckDelay > 0 && e.cur != nil && len(e.cur.Frames) > 0 && e.curUrgent == 0 {
+	if e.cfg.AckDelay > 0 && e.cur != nil && len(e.cur.Frames) > 0 && !e.curUrgent {
 		now := e.cfg.Now().UnixNano()
 		due := e.ackDue.Load()
 		if due == 0 {

@@ -142,9 +142,21 @@ func Allowed() (Set, error) {
 	return set, nil
 }
 
-// ErrNotAllowed is what Pin's error wraps when the set holds a processor
-// the process may not run on.
+// ErrNotAllowed is what Allow's and Pin's errors wrap when the set holds a
+// processor the process may not run on, or none.
 var ErrNotAllowed = errors.New("processor not allowed")
+
+// Allow checks that set is a non-empty subset of Allowed, and returns
+// Allowed; otherwise its error wraps ErrNotAllowed.
+func Allow(set Set) (allowed Set, err error) {
+	if allowed, err = Allowed(); err != nil {
+		return Set{}, err
+	}
+	if set.Count() == 0 || !Subset(set, allowed) {
+		return Set{}, fmt.Errorf("cpulist: %q: %w: this process may run on %q", Format(set), ErrNotAllowed, Format(allowed))
+	}
+	return allowed, nil
+}
 
 // Pin runs every thread of the process on set — the threads it has and,
 // since a new thread inherits its creator's mask, those it will make —
@@ -152,12 +164,9 @@ var ErrNotAllowed = errors.New("processor not allowed")
 // calling thread had. set must be a non-empty subset of Allowed. When
 // Pin fails, the threads are where they were.
 func Pin(set Set) (restore func() error, err error) {
-	prev, err := Allowed()
+	prev, err := Allow(set)
 	if err != nil {
-		return nil, err
-	}
-	if set.Count() == 0 || !Subset(set, prev) {
-		return nil, fmt.Errorf("cpulist: pin to %q: %w: this process may run on %q", Format(set), ErrNotAllowed, Format(prev))
+		return nil, fmt.Errorf("cpulist: pin: %w", err)
 	}
 	if err := setAll(&set); err != nil {
 		// Some threads may have moved: put them back.

@@ -128,12 +128,9 @@ func clientCPUs(cpus string) (*cpulist.Set, error) {
 	if err != nil {
 		return nil, fmt.Errorf("lab: cpus: %w", err)
 	}
-	allowed, err := cpulist.Allowed()
+	allowed, err := cpulist.Allow(set)
 	if err != nil {
-		return nil, fmt.Errorf("lab: %w", err)
-	}
-	if !cpulist.Subset(set, allowed) {
-		return nil, fmt.Errorf("lab: cpus %q: %w: this process may run on %q", cpus, cpulist.ErrNotAllowed, cpulist.Format(allowed))
+		return nil, fmt.Errorf("lab: cpus: %w", err)
 	}
 	rest := cpulist.Without(allowed, set)
 	if rest.Count() == 0 {
