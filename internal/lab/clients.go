@@ -224,32 +224,38 @@ func (l *Lab) appPlace() (restore func(), err error) {
 }
 
 // serveClients serves the lab's appliance on its control socket while the
-// client steps run, on the processors the appliance takes, then stops
-// serving.
-func (l *Lab) serveClients(ctx context.Context, binary string) []Step {
-	restore, err := l.appPlace()
-	if err != nil {
-		return []Step{{Name: "verbs clients: the appliance's processors", Detail: err.Error()}}
-	}
-	defer restore()
+// client processes run the verbs checks and the perf runs (binary "-":
+// none), on the processors the appliance takes, and keeps serving until
+// stop is called, so that a lab left up (--keep) takes clients of its
+// own. The placement ends with the runs.
+func (l *Lab) serveClients(ctx context.Context, binary string) (steps []Step, stop func()) {
+	stop = func() {}
 	if binary == "" {
 		self, err := os.Executable()
 		if err != nil {
-			return []Step{{Name: "verbs clients", Detail: err.Error()}}
+			return []Step{{Name: "verbs clients", Detail: err.Error()}}, stop
 		}
 		binary = self
 	}
 	if err := l.App.Control().Listen(); err != nil {
-		return []Step{{Name: "verbs clients: control socket " + l.Socket, Detail: err.Error()}}
+		return []Step{{Name: "verbs clients: control socket " + l.Socket, Detail: err.Error()}}, stop
 	}
-	sctx, cancel := context.WithCancel(ctx)
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan error, 1)
 	go func() { done <- l.App.Serve(sctx) }()
-	defer func() { cancel(); <-done }()
-	steps := verbsSteps(ctx, l, binary)
+	stop = func() { cancel(); <-done }
+	if binary == "-" {
+		return nil, stop
+	}
+	restore, err := l.appPlace()
+	if err != nil {
+		return []Step{{Name: "verbs clients: the appliance's processors", Detail: err.Error()}}, stop
+	}
+	defer restore()
+	steps = verbsSteps(ctx, l, binary)
 	ps, rows := perfSteps(ctx, l, binary)
 	l.perf = rows
-	return append(steps, ps...)
+	return append(steps, ps...), stop
 }
 
 // perfRun is one `taproce perf` run of the lab: a test at a message size.

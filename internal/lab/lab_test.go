@@ -317,3 +317,77 @@ func taproceBinary(t testing.TB) string {
 	}
 	return buildPath
 }
+
+// TestLabKeepServes: a lab left up (Keep) goes on serving verbs clients
+// on its control socket, and says how to reach it; it comes down when its
+// context ends.
+func TestLabKeepServes(t *testing.T) {
+	p := prefix(t)
+	bin := taproceBinary(t)
+	sock := filepath.Join(t.TempDir(), "lab.sock")
+	old := PIDFile
+	PIDFile = filepath.Join(t.TempDir(), "lab.pid")
+	defer func() { PIDFile = old }()
+	var out syncBuilder
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := Run(ctx, Options{Prefix: p, Hosts: 2, Offload: true, Frames: 100, RDMA: 1 << 20, Binary: "-", Keep: true,
+			Socket: sock, Out: &out})
+		done <- err
+	}()
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(out.String(), "stays up") {
+		select {
+		case err := <-done:
+			t.Fatalf("Run returned %v before keeping the lab up:\n%s", err, out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the lab never came up:\n%s", out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !strings.Contains(out.String(), "TAPROCE_SOCKET="+sock) {
+		t.Errorf("no word of the control socket:\n%s", out.String())
+	}
+	for i, ns := range []string{p + "1", p + "2"} {
+		cmd := exec.Command("ip", "netns", "exec", ns, bin, "devices")
+		cmd.Env = append(os.Environ(), "TAPROCE_SOCKET="+sock)
+		got, err := cmd.CombinedOutput()
+		if want := fmt.Sprintf("taproce%d", i); err != nil || !strings.Contains(string(got), want) {
+			t.Errorf("taproce devices in %s: %v\n%s\nwant %s listed", ns, err, got, want)
+		}
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v\n%s", err, out.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return once its context ended")
+	}
+	if left, _ := netnsutil.List(p); len(left) != 0 {
+		t.Errorf("left behind: %v", left)
+	}
+}
+
+// syncBuilder is a strings.Builder that a test may read while Run writes.
+type syncBuilder struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuilder) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuilder) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

@@ -143,8 +143,14 @@ func Run(ctx context.Context, o Options) ([]Step, error) {
 	if o.RDMA > 0 {
 		steps = append(steps, rdmaSteps(ctx, l, o.RDMA)...)
 	}
-	if o.Binary != "-" {
-		steps = append(steps, l.serveClients(ctx, o.Binary)...)
+	if o.Binary != "-" || o.Keep {
+		more, stop := l.serveClients(ctx, o.Binary)
+		steps = append(steps, more...)
+		if o.Keep {
+			defer stop()
+		} else {
+			stop()
+		}
 	}
 	if spec.Enabled() {
 		steps = append(steps, impairStep(l, spec))
@@ -171,6 +177,11 @@ func Run(ctx context.Context, o Options) ([]Step, error) {
 		failed = failed || !s.OK
 	}
 	if o.Keep {
+		if restore, err := l.appPlace(); err != nil {
+			fmt.Fprintf(o.Out, "\nthe appliance stays on every processor: %v\n", err)
+		} else {
+			defer restore()
+		}
 		keep(ctx, o.Out, l)
 	}
 	if failed {
@@ -409,8 +420,9 @@ func keep(ctx context.Context, w io.Writer, l *Lab) {
 	defer os.Remove(PIDFile)
 	fmt.Fprintln(w, "\nThe lab stays up until this process ends (Ctrl-C, or `taproce lab down`). Enter it with:")
 	for _, h := range l.Hosts {
-		fmt.Fprintf(w, "  ip netns exec %s bash    # port %v %v MAC %v, kernel %v\n", h.Namespace, h.PortIPv4(), h.PortIPv6(), h.Port.MAC(), h.KernelAddrs[0].Addr())
+		fmt.Fprintf(w, "  ip netns exec %s env TAPROCE_SOCKET=%s bash    # port %v %v MAC %v, kernel %v\n", h.Namespace, l.Socket, h.PortIPv4(), h.PortIPv6(), h.Port.MAC(), h.KernelAddrs[0].Addr())
 	}
+	fmt.Fprintf(w, "and run verbs clients there: `taproce perf write_bw` in the first, then `taproce perf write_bw %v` in the second\n(the out-of-band exchange goes to the kernel's address; RDMA goes to the port's).\n", l.Hosts[0].KernelAddrs[0].Addr())
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(sig)
