@@ -13,6 +13,7 @@ import (
 
 	"github.com/taproce/taproce/appliance/control"
 	"github.com/taproce/taproce/internal/cpulist"
+	"github.com/taproce/taproce/internal/spin"
 	"github.com/taproce/taproce/tap"
 )
 
@@ -107,6 +108,12 @@ type Appliance struct {
 	mu   sync.Mutex
 	nics map[string]*NIC
 	next int
+
+	// loop polls the ports and the clients' rings when the appliance
+	// spins; nil otherwise. It runs from New to Close.
+	loop     *spin.Loop
+	loopStop context.CancelFunc
+	loopDone chan struct{}
 }
 
 // New returns an appliance with no ports.
@@ -118,7 +125,17 @@ func New(opt Options) *Appliance {
 	if opt.LocalSwitch {
 		a.sw = NewSwitch()
 	}
-	a.ctrl = control.New(control.Config{Socket: opt.Socket, Limits: opt.Limits, Poll: opt.Poll, Logger: opt.Logger,
+	if opt.Poll == control.PollSpin {
+		// One goroutine spins for every port and client (spin.Loop).
+		a.loop = spin.NewLoop()
+		ctx, stop := context.WithCancel(context.Background())
+		a.loopStop, a.loopDone = stop, make(chan struct{})
+		go func() {
+			defer close(a.loopDone)
+			a.loop.Run(ctx)
+		}()
+	}
+	a.ctrl = control.New(control.Config{Socket: opt.Socket, Limits: opt.Limits, Poll: opt.Poll, Loop: a.loop, Logger: opt.Logger,
 		PeerNetns: opt.PeerNetns, Linger: opt.Linger})
 	return a
 }
@@ -154,6 +171,7 @@ func (a *Appliance) AddPortOn(dev tap.Device, cfg PortConfig) (*NIC, error) {
 	// The appliance's poll mode says how it waits for frames as well as
 	// for its clients' posts.
 	cfg.ReadSpin = a.opt.Poll.Spin()
+	cfg.Loop = a.loop
 	cfg.AckDelay = a.opt.Poll.AckDelay()
 	user := cfg.OnLink
 	cfg.OnLink = func(up bool) {
@@ -218,8 +236,16 @@ func (a *Appliance) Close() error {
 	a.mu.Lock()
 	clear(a.nics)
 	a.mu.Unlock()
+	if a.loopStop != nil {
+		a.loopStop()
+		<-a.loopDone
+	}
 	return err
 }
+
+// Loop returns the loop that polls the ports and the clients' rings of a
+// spinning appliance, nil when it does not spin.
+func (a *Appliance) Loop() *spin.Loop { return a.loop }
 
 // Namespace returns the name the port was configured with in
 // PortConfig.Namespace (a namespace's name, or an attachment's ID), which

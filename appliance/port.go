@@ -15,6 +15,7 @@ import (
 	"github.com/taproce/taproce/appliance/impair"
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/appliance/station"
+	"github.com/taproce/taproce/internal/spin"
 	"github.com/taproce/taproce/tap"
 )
 
@@ -39,6 +40,10 @@ type PortConfig struct {
 	// the TAP for this long before it sleeps; 0 sleeps at once, a
 	// negative value never sleeps (see tap.Tap.SetSpin).
 	ReadSpin time.Duration
+	// Loop, when set, reads the device in its passes (tap.Tap.TryReadEach)
+	// instead of a reader goroutine of the port's own: a spinning
+	// appliance's one polling loop. ReadSpin then does not apply.
+	Loop *spin.Loop
 	// AckDelay is how long the NIC's transport lets a positive
 	// acknowledgement wait for a frame to go out with
 	// (transport.Config.AckDelay); 0 sends each at once.
@@ -107,6 +112,12 @@ type Port struct {
 
 	txq  txQueue     // SendAsync's queue and writer state
 	down atomic.Bool // the last read failed
+
+	// Read by a polling loop (PortConfig.Loop) instead of readLoop.
+	tr        tryReader
+	onFrameFn func([]byte) // p.onFrame, made once
+	unpoll    func()       // takes pollOnce out of the loop
+	retryAt   time.Time    // after a failed read, when to read again
 
 	closeOnce sync.Once
 	done      chan struct{}
@@ -180,9 +191,15 @@ func NewPort(dev tap.Device, cfg PortConfig) (*Port, error) {
 	}
 	p.st = st
 	p.txq.items = make(chan txItem, txQueueLen)
-	p.wg.Add(2)
-	go p.readLoop()
+	p.wg.Add(1)
 	go p.writeLoop()
+	if tr, ok := dev.(tryReader); ok && cfg.Loop != nil {
+		p.tr, p.onFrameFn = tr, p.onFrame
+		p.unpoll = cfg.Loop.Add(p.pollOnce)
+	} else {
+		p.wg.Add(1)
+		go p.readLoop()
+	}
 	if holds(cfg.Ingress) || holds(cfg.Egress) {
 		p.wg.Add(1)
 		go p.flushLoop()
@@ -226,6 +243,9 @@ func (p *Port) Close() error {
 	var err error
 	p.closeOnce.Do(func() {
 		close(p.done)
+		if p.unpoll != nil {
+			p.unpoll()
+		}
 		err = p.dev.Close()
 		p.wg.Wait()
 	})
@@ -308,6 +328,36 @@ func (p *Port) writeCtlLocked(frame []byte) {
 // frameReader is a device that hands out frames in place (tap.Tap).
 type frameReader interface {
 	ReadEach(fn func(frame []byte)) (int, error)
+}
+
+// tryReader is a device a polling loop can read: in place, never waiting
+// (tap.Tap).
+type tryReader interface {
+	TryReadEach(fn func(frame []byte)) (int, error)
+}
+
+// pollOnce is the port's part of a pass of its polling loop: one read that
+// never waits. It reports whether it found frames. After a failed read the
+// port is down and reads again only a millisecond later, so that a device
+// that fails at once every time does not hold up the loop's other work.
+func (p *Port) pollOnce() bool {
+	if p.down.Load() && time.Now().Before(p.retryAt) {
+		return false
+	}
+	n, err := p.tr.TryReadEach(p.onFrameFn)
+	if err != nil {
+		if errors.Is(err, tap.ErrClosed) {
+			return false
+		}
+		p.log.Warn("read failed", "err", err)
+		if p.down.CompareAndSwap(false, true) && p.cfg.OnLink != nil {
+			p.cfg.OnLink(false)
+		}
+		p.retryAt = time.Now().Add(time.Millisecond)
+		return false
+	}
+	p.linkUp()
+	return n > 0
 }
 
 func (p *Port) readLoop() {

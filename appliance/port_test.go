@@ -2,7 +2,9 @@ package appliance
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
+	"errors"
 	"net/netip"
 	"path/filepath"
 	"sync/atomic"
@@ -12,6 +14,7 @@ import (
 	"github.com/taproce/taproce/appliance/capture"
 	"github.com/taproce/taproce/appliance/impair"
 	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/internal/spin"
 	"github.com/taproce/taproce/tap"
 )
 
@@ -137,14 +140,34 @@ func TestDeriveMAC(t *testing.T) {
 
 // TestPortStation runs the station through the port on a fake TAP: ARP
 // answered with the port's MAC, RoCE delivered to the handler, a frame for
-// another MAC dropped.
+// another MAC dropped — the device read by a reader of the port's own and
+// by a polling loop (PortConfig.Loop).
 func TestPortStation(t *testing.T) {
+	for _, polled := range []bool{false, true} {
+		t.Run(map[bool]string{false: "reader", true: "loop"}[polled], func(t *testing.T) {
+			testPortStation(t, polled)
+		})
+	}
+}
+
+func testPortStation(t *testing.T, polled bool) {
+	var loop *spin.Loop
+	if polled {
+		loop = spin.NewLoop()
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { loop.Run(ctx); close(done) }()
+		t.Cleanup(func() { cancel(); <-done })
+	}
 	var handled atomic.Uint32
-	p, w := newTestPort(t, PortConfig{Handler: func(frame []byte, pkt *roce.Packet) {
+	p, w := newTestPort(t, PortConfig{Loop: loop, Handler: func(frame []byte, pkt *roce.Packet) {
 		if pkt.BTH.DestQP == 0x77 && string(pkt.Payload(frame)) == "over the fake wire" {
 			handled.Add(1)
 		}
 	}})
+	if (p.tr != nil) != polled {
+		t.Fatalf("polled by the loop: %v, want %v", p.tr != nil, polled)
+	}
 	w.send(arpRequest(portV4))
 	rep := w.next(2 * time.Second)
 	if rep == nil || roce.Ethernet(rep).Src() != p.MAC() || binary.BigEndian.Uint16(rep[20:22]) != 2 {
@@ -262,5 +285,70 @@ func TestPortZeroAllocs(t *testing.T) {
 	}
 	if handled.Load() == 0 || dev.frames.Load() == 0 {
 		t.Fatalf("nothing happened: handled %d, written %d", handled.Load(), dev.frames.Load())
+	}
+}
+
+// failingDev is a fake TAP whose reads fail while fail is set.
+type failingDev struct {
+	*tap.Fake
+	fail  atomic.Bool
+	tries atomic.Int64
+}
+
+func (d *failingDev) TryReadEach(fn func([]byte)) (int, error) {
+	d.tries.Add(1)
+	if d.fail.Load() {
+		return 0, errors.New("device gone wrong")
+	}
+	return d.Fake.TryReadEach(fn)
+}
+
+// TestPortLoopReadFails: on a polling loop, a port whose reads fail is
+// down (OnLink false) and reads again only every millisecond, leaving the
+// loop to its other work; once reads work it is up again (OnLink true).
+func TestPortLoopReadFails(t *testing.T) {
+	loop := spin.NewLoop()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { loop.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	a, b := tap.NewFakePair(1500, 16)
+	defer b.Close()
+	dev := &failingDev{Fake: a}
+	dev.fail.Store(true)
+	links := make(chan bool, 16)
+	p, err := NewPort(dev, PortConfig{Namespace: "test", Loop: loop, Addrs: []netip.Prefix{netip.MustParsePrefix("10.55.0.1/24")},
+		OnLink: func(up bool) { links <- up }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	select {
+	case up := <-links:
+		if up {
+			t.Fatal("OnLink(true) first")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no OnLink(false) for failing reads")
+	}
+	if p.Up() {
+		t.Error("Up with failing reads")
+	}
+	before := dev.tries.Load()
+	time.Sleep(30 * time.Millisecond)
+	if n := dev.tries.Load() - before; n > 40 {
+		t.Errorf("%d reads of a failing device in 30 ms, want about one a millisecond", n)
+	}
+	dev.fail.Store(false)
+	select {
+	case up := <-links:
+		if !up {
+			t.Fatal("OnLink(false) again")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no OnLink(true) once reads work")
+	}
+	if !p.Up() {
+		t.Error("not Up once reads work")
 	}
 }

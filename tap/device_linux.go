@@ -64,8 +64,9 @@ type Tap struct {
 	rdst   []byte // the buffer of the read in progress
 	rn     int
 	rerr   error
-	rFn    func(uintptr) bool
-	spin   atomic.Int64 // ns a read busy-polls before it sleeps; <0: forever
+	rFn    func(uintptr) bool // readRaw
+	rNowFn func(uintptr) bool // readNow
+	spin   atomic.Int64       // ns a read busy-polls before it sleeps; <0: forever
 	closed atomic.Bool
 }
 
@@ -156,7 +157,7 @@ func openFlags(cfg Config, extra uint16) (*Tap, error) {
 	// sleeping Read returns when the file is closed. The fd stays
 	// non-blocking: reads busy-poll it (SetSpin) or wait in the poller.
 	t := &Tap{file: os.NewFile(uintptr(fd), tunPath), fd: fd, name: ifr.Name(), mtu: 1500, one: make([][]byte, 1)}
-	t.rFn = t.readRaw
+	t.rFn, t.rNowFn = t.readRaw, t.readNow
 	if t.raw, err = t.file.SyscallConn(); err != nil {
 		t.file.Close()
 		return nil, fmt.Errorf("tap: %w", err)
@@ -220,12 +221,15 @@ func (t *Tap) Close() error {
 func (t *Tap) SetSpin(d time.Duration) { t.spin.Store(int64(d)) }
 
 // read reads one frame or super-frame into b, waiting as SetSpin says.
-func (t *Tap) read(b []byte) (int, error) {
+func (t *Tap) read(b []byte) (int, error) { return t.readWith(b, t.rFn) }
+
+// readWith reads into b with raw read function fn (readRaw or readNow).
+func (t *Tap) readWith(b []byte, fn func(uintptr) bool) (int, error) {
 	if len(b) == 0 {
 		return 0, ErrShortBuffer
 	}
 	t.rdst = b
-	err := t.raw.Read(t.rFn)
+	err := t.raw.Read(fn)
 	t.rdst = nil
 	if err != nil {
 		if t.closed.Load() {
@@ -237,6 +241,26 @@ func (t *Tap) read(b []byte) (int, error) {
 		return 0, t.rerr
 	}
 	return t.rn, nil
+}
+
+// errEmpty is readNow's report that nothing was waiting.
+var errEmpty = errors.New("tap: nothing to read")
+
+// readNow is the raw read of TryReadEach: one read, never a wait.
+func (t *Tap) readNow(fd uintptr) bool {
+	n, _, e := unix.Syscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&t.rdst[0])), uintptr(len(t.rdst)))
+	switch e {
+	case 0:
+		t.rn, t.rerr = int(n), nil
+	case unix.EAGAIN, unix.EINTR:
+		t.rn, t.rerr = 0, errEmpty
+		if t.closed.Load() {
+			t.rerr = ErrClosed
+		}
+	default:
+		t.rn, t.rerr = 0, fmt.Errorf("tap: read: %w", e)
+	}
+	return true
 }
 
 // readRaw is the raw read of read: it returns false to sleep in the
@@ -295,7 +319,7 @@ func (t *Tap) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 	}
 	t.rmu.Lock()
 	defer t.rmu.Unlock()
-	h, frame, err := t.readOffloaded()
+	h, frame, err := t.readOffloaded(t.rFn)
 	if err != nil {
 		return 0, err
 	}
@@ -303,10 +327,10 @@ func (t *Tap) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 }
 
 // readOffloaded reads one frame or super-frame with its virtio-net header
-// into rbuf. t.rmu is held.
-func (t *Tap) readOffloaded() (VirtioNetHdr, []byte, error) {
+// into rbuf, with raw read function fn. t.rmu is held.
+func (t *Tap) readOffloaded(fn func(uintptr) bool) (VirtioNetHdr, []byte, error) {
 	var h VirtioNetHdr
-	n, err := t.read(t.rbuf)
+	n, err := t.readWith(t.rbuf, fn)
 	if err != nil {
 		return h, nil, err
 	}
@@ -322,21 +346,34 @@ func (t *Tap) readOffloaded() (VirtioNetHdr, []byte, error) {
 // ReadEach reads once and hands fn every frame of what it read — the
 // datagrams of a UDP GSO super-frame cut in place (SplitUSOEach), with no
 // copy. fn must not keep the slice. Without offloads it reads one frame.
-func (t *Tap) ReadEach(fn func(frame []byte)) (int, error) {
+func (t *Tap) ReadEach(fn func(frame []byte)) (int, error) { return t.readEach(fn, t.rFn) }
+
+// TryReadEach is ReadEach that never waits: when no frame is waiting it
+// returns 0 and no error at once, whatever SetSpin says. It is the read of
+// a loop that polls many sources (spin.Loop).
+func (t *Tap) TryReadEach(fn func(frame []byte)) (int, error) {
+	n, err := t.readEach(fn, t.rNowFn)
+	if err == errEmpty {
+		return 0, nil
+	}
+	return n, err
+}
+
+func (t *Tap) readEach(fn func(frame []byte), raw func(uintptr) bool) (int, error) {
 	t.rmu.Lock()
 	defer t.rmu.Unlock()
 	if !t.offloaded {
 		if t.rbuf == nil {
 			t.rbuf = make([]byte, maxSuper)
 		}
-		n, err := t.read(t.rbuf)
+		n, err := t.readWith(t.rbuf, raw)
 		if err != nil {
 			return 0, err
 		}
 		fn(t.rbuf[:n])
 		return 1, nil
 	}
-	h, frame, err := t.readOffloaded()
+	h, frame, err := t.readOffloaded(raw)
 	if err != nil {
 		return 0, err
 	}

@@ -2,6 +2,7 @@ package tap
 
 import (
 	"bytes"
+	"errors"
 	"net"
 	"testing"
 	"time"
@@ -195,5 +196,83 @@ func TestCreateErrors(t *testing.T) {
 	}
 	if _, err := Create(Config{Name: "x0", Netns: "/var/run/netns/does-not-exist"}); err == nil {
 		t.Error("missing namespace accepted")
+	}
+}
+
+// TestTryReadEach: a read that never waits returns nothing at once from
+// an empty device whatever SetSpin says, hands over a frame once one is
+// there, and reports ErrClosed after Close.
+func TestTryReadEach(t *testing.T) {
+	_, path := testnet.Namespace(t)
+	for _, offload := range []bool{false, true} {
+		dev, err := Create(Config{Name: "try0", Netns: path, Offload: offload})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dev.SetSpin(0) // a ReadEach would sleep
+		err = netnsutil.Do(path, func(h *netlink.Handle) error {
+			l, err := h.LinkByName("try0")
+			if err != nil {
+				return err
+			}
+			return h.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: net.IPv4(10, 78, 0, 1), Mask: net.CIDRMask(24, 32)}})
+		})
+		if err != nil {
+			dev.Close()
+			t.Fatal(err)
+		}
+		var arp []byte
+		keepARP := func(f []byte) {
+			if len(f) >= 42 && f[12] == 0x08 && f[13] == 0x06 {
+				arp = append([]byte(nil), f[:42]...)
+			}
+		}
+		// Drain what the kernel sent when the link came up (IPv6
+		// neighbour discovery): then the device is empty.
+		done := make(chan error, 1)
+		go func() {
+			for {
+				n, err := dev.TryReadEach(keepARP)
+				if err != nil || n == 0 {
+					done <- err
+					return
+				}
+			}
+		}()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("offload %v: TryReadEach on an empty device: %v", offload, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("offload %v: TryReadEach waited", offload)
+		}
+		err = netnsutil.Do(path, func(*netlink.Handle) error {
+			c, err := net.Dial("udp4", "10.78.0.2:9")
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			_, err = c.Write([]byte("x"))
+			return err
+		})
+		if err != nil {
+			dev.Close()
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for arp == nil && time.Now().Before(deadline) {
+			if _, err := dev.TryReadEach(keepARP); err != nil {
+				t.Fatalf("offload %v: %v", offload, err)
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+		if arp == nil || !bytes.Equal(arp[38:42], []byte{10, 78, 0, 2}) {
+			t.Errorf("offload %v: read %x, want the ARP request for 10.78.0.2", offload, arp)
+		}
+		dev.Close()
+		if _, err := dev.TryReadEach(keepARP); !errors.Is(err, ErrClosed) {
+			t.Errorf("offload %v: after Close: %v, want ErrClosed", offload, err)
+		}
 	}
 }

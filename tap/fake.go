@@ -55,6 +55,22 @@ func (f *Fake) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 	}
 }
 
+// TryReadEach hands fn the next queued frame, if there is one, without
+// waiting, as tap.Tap.TryReadEach does: 0 and no error when none is
+// queued, ErrClosed once the device is closed.
+func (f *Fake) TryReadEach(fn func(frame []byte)) (int, error) {
+	if f.isClosed() {
+		return 0, ErrClosed
+	}
+	select {
+	case frame := <-f.in:
+		fn(frame)
+		return 1, nil
+	default:
+		return 0, nil
+	}
+}
+
 // Write implements Device: each frame is copied to the peer's queue.
 func (f *Fake) Write(bufs [][]byte, offset int) (int, error) {
 	for i, b := range bufs {

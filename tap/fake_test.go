@@ -56,3 +56,31 @@ func TestFakeClosedIsClosed(t *testing.T) {
 		t.Fatalf("Read after Close: %v", err)
 	}
 }
+
+// TestFakeTryReadEach: one queued frame per call, none without waiting
+// when the queue is empty, ErrClosed after Close.
+func TestFakeTryReadEach(t *testing.T) {
+	a, b := NewFakePair(1500, 8)
+	defer a.Close()
+	var got []string
+	collect := func(f []byte) { got = append(got, string(f)) }
+	if n, err := b.TryReadEach(collect); n != 0 || err != nil || len(got) != 0 {
+		t.Fatalf("empty: TryReadEach = %d, %v, frames %q", n, err, got)
+	}
+	frames := [][]byte{append(make([]byte, Headroom), "one"...), append(make([]byte, Headroom), "two"...)}
+	if _, err := a.Write(frames, Headroom); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := b.TryReadEach(collect); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(got) != 2 || got[0] != "one" || got[1] != "two" {
+		t.Errorf("frames %q, want one, two", got)
+	}
+	b.Close()
+	if _, err := b.TryReadEach(collect); err != ErrClosed {
+		t.Errorf("after Close: %v, want ErrClosed", err)
+	}
+}

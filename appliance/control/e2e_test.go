@@ -179,12 +179,23 @@ func wait(t testing.TB, cq *verbs.CQ, n int) []verbs.WC {
 // TestVerbsRC: through the control socket and the shared rings, two
 // clients connect RC QPs and run SEND with immediate, WRITE, READ and
 // both atomics, with the data checked — over the fake wire and over the
-// local switch.
+// local switch, and over the wire with the appliance spinning.
 func TestVerbsRC(t *testing.T) {
-	for _, local := range []bool{false, true} {
-		name := map[bool]string{false: "wire", true: "local switch"}[local]
-		t.Run(name, func(t *testing.T) {
-			r := newRig(t, local)
+	for _, c := range []struct {
+		name  string
+		local bool
+		poll  control.PollMode
+	}{
+		{"wire", false, control.PollAdaptive}, {"local switch", true, control.PollAdaptive},
+		// Spinning, one loop polls the ports and the clients' rings.
+		{"wire, spinning", false, control.PollSpin},
+	} {
+		local := c.local
+		t.Run(c.name, func(t *testing.T) {
+			r := newRigOpts(t, local, 1500, c.poll)
+			if (r.app.Loop() != nil) != (c.poll == control.PollSpin) {
+				t.Fatalf("appliance loop %v in mode %s", r.app.Loop(), c.poll)
+			}
 			a, b := newEnd(t, r.ca, verbs.RC, 1<<20), newEnd(t, r.cb, verbs.RC, 1<<20)
 			connectRC(t, a, b, r.ga, r.gb)
 			// SEND with immediate.

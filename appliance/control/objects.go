@@ -157,8 +157,13 @@ func (ss *session) open(name string) (*abi.OpenReply, int, error) {
 		return nil, 0, err
 	}
 	ss.dev, ss.kick = d, kick
-	ss.poller.Add(1)
-	go ss.poll()
+	if l := ss.srv.cfg.Loop; l != nil && ss.srv.cfg.Poll == PollSpin {
+		b := new(batch)
+		ss.unpoll = l.Add(func() bool { return ss.pollOnce(b) })
+	} else {
+		ss.poller.Add(1)
+		go ss.poll()
+	}
 	ss.log.Info("client opened device", "device", name)
 	return &abi.OpenReply{Device: deviceAttr(d), Port: portAttr(d)}, kick.Fd(), nil
 }

@@ -104,6 +104,24 @@ func (ss *session) poll() {
 	}
 }
 
+// pollOnce is the session's part of a pass of the appliance's polling
+// loop (Config.Loop): it posts what the rings hold and reports whether
+// they held anything; when they held nothing, it sends the held
+// acknowledgements whose time is up. A session busy with a request of its
+// client is skipped for this pass rather than waited for: the loop has
+// other work.
+func (ss *session) pollOnce(b *batch) bool {
+	if ss.ctx.Err() != nil || !ss.mu.TryLock() {
+		return false
+	}
+	busy := ss.drainLocked(b)
+	ss.mu.Unlock()
+	if !busy {
+		ss.flushAcks()
+	}
+	return busy
+}
+
 // prepareSleep tells the producers of the rings whose posts need the
 // poller to ring the doorbell, then looks once more: it reports whether
 // all rings are still empty. Receive posts need no poller while the QP
@@ -176,6 +194,11 @@ func (ss *session) flushAcks() {
 func (ss *session) drain(b *batch) bool {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
+	return ss.drainLocked(b)
+}
+
+// drainLocked is drain with ss.mu held.
+func (ss *session) drainLocked(b *batch) bool {
 	any := false
 	for _, w := range *ss.rings.Load() {
 		if w.q != nil {

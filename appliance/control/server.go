@@ -26,6 +26,7 @@ import (
 
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/appliance/transport"
+	"github.com/taproce/taproce/internal/spin"
 	"github.com/taproce/taproce/verbs/abi"
 )
 
@@ -87,7 +88,8 @@ const (
 	PollAdaptive PollMode = iota
 	// PollBlock sleeps on the doorbell as soon as the rings are empty.
 	PollBlock
-	// PollSpin never sleeps (a core per client).
+	// PollSpin never sleeps: one loop polls every port and every
+	// client's rings (spin.Loop, Config.Loop).
 	PollSpin
 )
 
@@ -117,7 +119,8 @@ func (m PollMode) String() string {
 
 // Spin is how long a waiter of this mode busy-polls before it sleeps: 0
 // for PollBlock, a short while for PollAdaptive, forever (negative) for
-// PollSpin. The appliance's ports read their TAPs the same way.
+// PollSpin. The appliance's ports read their TAPs the same way, unless a
+// loop polls them (Config.Loop).
 func (m PollMode) Spin() time.Duration {
 	switch m {
 	case PollBlock:
@@ -149,13 +152,15 @@ func (m PollMode) AckDelay() time.Duration {
 
 // Procs is how many of available processors (GOMAXPROCS) the appliance's
 // Go code should run on in this mode: all of them when it sleeps for want
-// of work; half of them, at least one, when it spins. A spinning appliance
-// keeps every processor it runs on busy — a reader per port, a poller per
-// client, each polling in turn — and the clients, which poll their
-// completion queues, need cores of their own: on 2 cores, send_lat 2 B
-// between two namespaces' clients took 16.3 µs with the spinning
-// appliance on two processors and 12.3 µs on one, while write_bw 64 KiB
-// fell from 1.07× to 0.95× TCP (medians of 10 runs of scripts/bench).
+// of work; half of them, at least one, when it spins. The clients, which
+// poll their completion queues, need cores of their own: on 2 cores,
+// send_lat 2 B between two namespaces' clients took 16.3 µs with the
+// spinning appliance on two processors and 12.3 µs on one, while
+// write_bw 64 KiB fell from 1.07× to 0.95× TCP (medians of 10 runs of
+// scripts/bench, when each port's reader and each client's poller spun
+// on its own). With one loop polling everything (Config.Loop), two
+// processors brought the loop's migrations between threads instead:
+// 12.4 µs and 0.86× against 7.7 µs and 0.83× on one (three runs each).
 // The config's procs trades back.
 func (m PollMode) Procs(available int) int {
 	if m == PollSpin {
@@ -172,6 +177,10 @@ type Config struct {
 	Limits Limits
 	// Poll is how the appliance waits for posts.
 	Poll PollMode
+	// Loop, when set with PollSpin, drains every client's rings in its
+	// passes, instead of a spinning goroutine per client: the appliance's
+	// one polling loop, which reads its ports too.
+	Loop *spin.Loop
 	// Linger is how long a connected RC QP answers its peer after its
 	// client destroyed it or died (transport.Engine.Close and Kill;
 	// default 30 s).

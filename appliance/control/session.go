@@ -41,7 +41,8 @@ type session struct {
 
 	ctx    context.Context
 	cancel context.CancelFunc
-	poller sync.WaitGroup
+	poller sync.WaitGroup             // the goroutine of poll
+	unpoll func()                     // takes pollOnce out of the server's loop (Config.Loop); under mu
 	rings  atomic.Pointer[[]ringWork] // what the poller drains, rebuilt on change
 }
 
@@ -297,6 +298,12 @@ func (ss *session) teardown() {
 		_ = kick.Ring()
 	}
 	ss.poller.Wait()
+	ss.mu.Lock()
+	unpoll := ss.unpoll
+	ss.mu.Unlock()
+	if unpoll != nil {
+		unpoll()
+	}
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	dev := ss.dev

@@ -108,10 +108,13 @@ func Speed(ctx context.Context, o SpeedOptions) (*SpeedResult, error) {
 	a, b := l.Hosts[0], l.Hosts[1]
 	res := &SpeedResult{Poll: o.Poll, RawSpin: o.Poll.Spin() != 0, CPUs: o.CPUs}
 
-	// While the baselines run, the appliance's own readers sleep, so that
-	// they take no core from them.
+	// While the baselines run, the appliance's own readers sleep (its
+	// polling loop naps), so that they take no core from them.
 	for _, h := range l.Hosts {
 		h.Port.Device().(*tap.Tap).SetSpin(0)
+	}
+	if lp := l.App.Loop(); lp != nil {
+		lp.SetRest(time.Millisecond)
 	}
 	if res.TCP, err = TCPThroughput(a, b, o.TCPBytes); err != nil {
 		return nil, fmt.Errorf("lab: TCP baseline: %w", err)
@@ -125,6 +128,9 @@ func Speed(ctx context.Context, o SpeedOptions) (*SpeedResult, error) {
 	}
 	for _, h := range l.Hosts {
 		h.Port.Device().(*tap.Tap).SetSpin(o.Poll.Spin())
+	}
+	if lp := l.App.Loop(); lp != nil {
+		lp.SetRest(0)
 	}
 
 	// The baselines above had all the processors.
