@@ -118,10 +118,8 @@ func (n *NIC) route(a netip.Addr) *NIC {
 	if n.sw != nil {
 		return n.sw.lookup(a)
 	}
-	for _, g := range n.port.Station().GIDs() {
-		if g.Addr() == a {
-			return n
-		}
+	if n.port.Station().HasGID(a) {
+		return n
 	}
 	return nil
 }

@@ -206,6 +206,18 @@ func (s *Station) MAC() roce.MAC { return s.mac }
 // then the other IPv6 addresses, all of RoCEv2 type.
 func (s *Station) GIDs() []roce.GID { return append([]roce.GID(nil), s.gids...) }
 
+// HasGID reports whether a is the address of one of the station's GIDs
+// (roce.GID.Addr: an IPv4 GID's as IPv4), without the copy GIDs makes:
+// it is asked for every frame a port sends.
+func (s *Station) HasGID(a netip.Addr) bool {
+	for _, g := range s.gids {
+		if g.Addr() == a {
+			return true
+		}
+	}
+	return false
+}
+
 // Owns reports whether a is one of the station's addresses; an
 // IPv4-mapped address (a GID) counts as its IPv4 address.
 func (s *Station) Owns(a netip.Addr) bool {

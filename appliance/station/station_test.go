@@ -382,6 +382,14 @@ func TestGIDsAndAnnounce(t *testing.T) {
 		if g[i].Addr() != w {
 			t.Errorf("GID %d = %v, want %v", i, g[i].Addr(), w)
 		}
+		if !r.HasGID(w) {
+			t.Errorf("HasGID(%v) false", w)
+		}
+	}
+	for _, a := range []netip.Addr{netip.MustParseAddr("10.55.0.99"), netip.AddrFrom16(ourV4.As16()), {}} {
+		if r.HasGID(a) {
+			t.Errorf("HasGID(%v) true", a)
+		}
 	}
 	r.Announce()
 	sent := r.take()
