@@ -143,6 +143,13 @@ func (n *NIC) tickLoop(e *transport.Engine) {
 	defer n.wg.Done()
 	t := time.NewTimer(time.Millisecond)
 	defer t.Stop()
+	deadline := e.NextDeadline
+	if n.port.cfg.Loop != nil {
+		// The loop's ring pollers send held acknowledgements on time
+		// (FlushAcks): waking every 50 µs for them would take a thread
+		// of its own, often on a client's core.
+		deadline = e.NextTimer
+	}
 	for {
 		select {
 		case <-n.stop:
@@ -151,7 +158,7 @@ func (n *NIC) tickLoop(e *transport.Engine) {
 		}
 		e.Tick()
 		d := time.Millisecond
-		if next, ok := e.NextDeadline(); ok {
+		if next, ok := deadline(); ok {
 			d = min(max(time.Until(next), 50*time.Microsecond), time.Millisecond)
 		}
 		t.Reset(d)

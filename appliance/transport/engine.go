@@ -572,11 +572,18 @@ func (e *Engine) Tick() {
 
 // NextDeadline returns the earliest timer of any queue pair, or when the
 // acknowledgements that wait for company are due.
-func (e *Engine) NextDeadline() (time.Time, bool) {
+func (e *Engine) NextDeadline() (time.Time, bool) { return e.nextDeadline(true) }
+
+// NextTimer is NextDeadline without the acknowledgements that wait for
+// company: for a caller of Tick when a poller that calls FlushAcks
+// watches their time, so that Tick need not run every few microseconds.
+func (e *Engine) NextTimer() (time.Time, bool) { return e.nextDeadline(false) }
+
+func (e *Engine) nextDeadline(acks bool) (time.Time, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var next time.Time
-	if due := e.ackDue.Load(); due != 0 {
+	if due := e.ackDue.Load(); acks && due != 0 {
 		next = time.Unix(0, due)
 	}
 	for _, qp := range e.qps {
