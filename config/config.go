@@ -99,7 +99,7 @@ const (
 	PollAdaptive = "adaptive"
 	// PollBlock sleeps on the doorbell as soon as the rings are empty.
 	PollBlock = "block"
-	// PollSpin never sleeps: a core per client.
+	// PollSpin never sleeps: one loop polls every port and client.
 	PollSpin = "spin"
 )
 
@@ -154,8 +154,8 @@ type Config struct {
 	// Procs is how many processors the appliance's Go code runs on at
 	// once (GOMAXPROCS), 0..MaxProcs. 0 lets the poll mode choose
 	// (appliance.Procs): half the processors the process has, at least
-	// one, when it spins, so that its pollers leave cores to the clients
-	// polling their completion queues; all of them otherwise. The
+	// one, when it spins, so that its polling loop leaves cores to the
+	// clients polling their completion queues; all of them otherwise. The
 	// GOMAXPROCS environment variable replaces that choice; a positive
 	// procs replaces both.
 	Procs int

@@ -159,9 +159,10 @@ func (m PollMode) AckDelay() time.Duration {
 // write_bw 64 KiB fell from 1.07× to 0.95× TCP (medians of 10 runs of
 // scripts/bench, when each port's reader and each client's poller spun
 // on its own). With one loop polling everything (Config.Loop), two
-// processors brought the loop's migrations between threads instead:
-// 12.4 µs and 0.86× against 7.7 µs and 0.83× on one (three runs each).
-// The config's procs trades back.
+// processors measured no better — the loop's goroutine then moves
+// between the runtime's threads: in four sets of ten, bw/tcp medians
+// 0.70–0.79 on two against 0.73–0.89 on one, lat/raw 2.3–3.1 against
+// 2.3–2.9. The config's procs trades back.
 func (m PollMode) Procs(available int) int {
 	if m == PollSpin {
 		return max(1, available/2)
