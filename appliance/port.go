@@ -56,13 +56,16 @@ type PortConfig struct {
 	// tcpdump on the interface would see them.
 	Capture *capture.Writer
 	// Handler receives the RoCEv2 packets addressed to the port, on the
-	// port's reader goroutine; frame is valid only during the call.
+	// goroutine that reads the port — its reader, or the polling Loop,
+	// which it then holds up: it must not wait long, nor close the port
+	// (Close waits for that goroutine). frame is valid only during the
+	// call.
 	Handler func(frame []byte, p *roce.Packet)
 	// Logger for the port's events (default slog.Default()).
 	Logger *slog.Logger
 	// OnLink, when set, is told when the port's device fails (up false:
-	// a read error) and when it works again (up true), on the reader's
-	// goroutine.
+	// a read error) and when it works again (up true), on the goroutine
+	// that reads the port, as Handler is.
 	OnLink func(up bool)
 	// Resolver, when set, makes the port's station silent, for redirect
 	// mode: MAC and Addrs are then another stack's (the pod interface's),

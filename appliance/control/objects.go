@@ -157,6 +157,7 @@ func (ss *session) open(name string) (*abi.OpenReply, int, error) {
 		return nil, 0, err
 	}
 	ss.dev, ss.kick = d, kick
+	ss.opened.Store(d)
 	if l := ss.srv.cfg.Loop; l != nil && ss.srv.cfg.Poll == PollSpin {
 		b := new(batch)
 		ss.unpoll = l.Add(func() bool { return ss.pollOnce(b) })

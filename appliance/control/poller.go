@@ -108,10 +108,14 @@ func (ss *session) poll() {
 // loop (Config.Loop): it posts what the rings hold and reports whether
 // they held anything; when they held nothing, it sends the held
 // acknowledgements whose time is up. A session busy with a request of its
-// client is skipped for this pass rather than waited for: the loop has
-// other work.
+// client is not waited for — the loop has other work — and only its
+// acknowledgements are seen to.
 func (ss *session) pollOnce(b *batch) bool {
-	if ss.ctx.Err() != nil || !ss.mu.TryLock() {
+	if ss.ctx.Err() != nil {
+		return false
+	}
+	if !ss.mu.TryLock() {
+		ss.flushAcks()
 		return false
 	}
 	busy := ss.drainLocked(b)

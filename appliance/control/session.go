@@ -44,6 +44,10 @@ type session struct {
 	poller sync.WaitGroup             // the goroutine of poll
 	unpoll func()                     // takes pollOnce out of the server's loop (Config.Loop); under mu
 	rings  atomic.Pointer[[]ringWork] // what the poller drains, rebuilt on change
+	// opened is dev, for readers that must not wait for ss.mu: a port's
+	// link events, delivered on the appliance's polling loop, while a
+	// teardown may hold ss.mu for seconds.
+	opened atomic.Pointer[Device]
 }
 
 func (s *Server) newSession(c *net.UnixConn) (*session, error) {
@@ -77,11 +81,9 @@ func (s *Server) newSessionFor(c *net.UnixConn, ns uint64) (*session, error) {
 	return ss, nil
 }
 
-func (ss *session) device() *Device {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	return ss.dev
-}
+// device returns the device the client opened, nil before; it never
+// waits for ss.mu.
+func (ss *session) device() *Device { return ss.opened.Load() }
 
 // run serves the client's requests until it goes, then destroys its
 // objects.

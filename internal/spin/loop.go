@@ -18,15 +18,17 @@ import (
 // clients). Goroutines that each spin take every processor GOMAXPROCS
 // gives them.
 //
-// Add and its remove function may be called from any goroutine but the
-// loop's own (remove waits for the loop's pass to end); Run runs the loop.
+// Add may be called from any goroutine, and remove from any but the
+// loop's own, whose pass remove may wait for; Run runs the loop.
 type Loop struct {
-	mu      sync.Mutex // serialises Add, remove and the end of Run
-	list    atomic.Pointer[[]*loopEntry]
-	pass    atomic.Uint64 // incremented as each pass begins
-	running bool          // Run is in its loop; under mu
-	wake    chan struct{} // Add's nudge for a Run that has nothing to poll
-	rest    atomic.Int64  // ns an idle pass sleeps; 0: it only gives way
+	mu   sync.Mutex // serialises Add and remove
+	list atomic.Pointer[[]*loopEntry]
+	// pass is odd while a pass holds the list, even between passes: a
+	// remove that finds it even has nothing to wait for, one that finds
+	// it odd waits until it changes.
+	pass atomic.Uint64
+	wake chan struct{} // Add's nudge for a Run that has nothing to poll
+	rest atomic.Int64  // ns an idle pass sleeps; 0: it only gives way
 }
 
 // SetRest makes every pass that finds no work sleep for d, so that the
@@ -77,34 +79,20 @@ func (l *Loop) remove(e *loopEntry) {
 		}
 	}
 	l.list.Store(&next)
-	running := l.running
-	started := l.pass.Load()
 	l.mu.Unlock()
-	if !running {
+	// A pass under way may hold the old list; one begun from now on does
+	// not.
+	started := l.pass.Load()
+	if started%2 == 0 {
 		return
 	}
-	// The pass under way may hold the old list; the next one does not.
 	for l.pass.Load() == started {
-		l.mu.Lock()
-		running = l.running
-		l.mu.Unlock()
-		if !running {
-			return
-		}
-		time.Sleep(20 * time.Microsecond)
+		time.Sleep(10 * time.Microsecond)
 	}
 }
 
 // Run polls until ctx ends. Only one Run may run at a time.
 func (l *Loop) Run(ctx context.Context) {
-	l.mu.Lock()
-	l.running = true
-	l.mu.Unlock()
-	defer func() {
-		l.mu.Lock()
-		l.running = false
-		l.mu.Unlock()
-	}()
 	var sp Spinner
 	for ctx.Err() == nil {
 		if !l.passOnce(&sp) {
@@ -121,16 +109,17 @@ func (l *Loop) Run(ctx context.Context) {
 // work, a rest or Spinner.Idle. It reports false when there was nothing to
 // poll.
 func (l *Loop) passOnce(sp *Spinner) bool {
-	l.pass.Add(1)
+	l.pass.Add(1) // odd: this pass holds the list
 	list := *l.list.Load()
-	if len(list) == 0 {
-		return false
-	}
 	busy := false
 	for _, e := range list {
 		if e.poll() {
 			busy = true
 		}
+	}
+	l.pass.Add(1) // even again
+	if len(list) == 0 {
+		return false
 	}
 	if !busy {
 		if d := l.rest.Load(); d > 0 {

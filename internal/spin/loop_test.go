@@ -159,3 +159,23 @@ func BenchmarkLoopPass(b *testing.B) {
 		l.passOnce(&sp)
 	}
 }
+
+// TestLoopAddRemoveRace: adding and removing the only poll function over
+// and over, while the loop runs, never leaves remove waiting for a pass
+// that does not come (the loop asleep for want of anything to poll).
+func TestLoopAddRemoveRace(t *testing.T) {
+	l := NewLoop()
+	runLoop(t, l)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 20000 {
+			l.Add(func() bool { return false })()
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("remove hung")
+	}
+}
