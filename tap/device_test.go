@@ -117,14 +117,7 @@ func TestReadModes(t *testing.T) {
 				t.Fatal(err)
 			}
 			dev.SetSpin(m.spin)
-			err = netnsutil.Do(path, func(h *netlink.Handle) error {
-				l, err := h.LinkByName("rd0")
-				if err != nil {
-					return err
-				}
-				return h.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: net.IPv4(10, 77, 0, 1), Mask: net.CIDRMask(24, 32)}})
-			})
-			if err != nil {
+			if err := addIPv4(path, "rd0", net.IPv4(10, 77, 0, 1)); err != nil {
 				dev.Close()
 				t.Fatal(err)
 			}
@@ -144,16 +137,7 @@ func TestReadModes(t *testing.T) {
 				}
 			}()
 			time.Sleep(20 * time.Millisecond) // the read waits (spins or sleeps) first
-			err = netnsutil.Do(path, func(*netlink.Handle) error {
-				c, err := net.Dial("udp4", "10.77.0.2:9")
-				if err != nil {
-					return err
-				}
-				defer c.Close()
-				_, err = c.Write([]byte("x"))
-				return err
-			})
-			if err != nil {
+			if err := sendUDP(path, "10.77.0.2:9"); err != nil {
 				dev.Close()
 				t.Fatal(err)
 			}
@@ -210,14 +194,7 @@ func TestTryReadEach(t *testing.T) {
 			t.Fatal(err)
 		}
 		dev.SetSpin(0) // a ReadEach would sleep
-		err = netnsutil.Do(path, func(h *netlink.Handle) error {
-			l, err := h.LinkByName("try0")
-			if err != nil {
-				return err
-			}
-			return h.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: net.IPv4(10, 78, 0, 1), Mask: net.CIDRMask(24, 32)}})
-		})
-		if err != nil {
+		if err := addIPv4(path, "try0", net.IPv4(10, 78, 0, 1)); err != nil {
 			dev.Close()
 			t.Fatal(err)
 		}
@@ -247,16 +224,7 @@ func TestTryReadEach(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatalf("offload %v: TryReadEach waited", offload)
 		}
-		err = netnsutil.Do(path, func(*netlink.Handle) error {
-			c, err := net.Dial("udp4", "10.78.0.2:9")
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			_, err = c.Write([]byte("x"))
-			return err
-		})
-		if err != nil {
+		if err := sendUDP(path, "10.78.0.2:9"); err != nil {
 			dev.Close()
 			t.Fatal(err)
 		}
@@ -275,4 +243,29 @@ func TestTryReadEach(t *testing.T) {
 			t.Errorf("offload %v: after Close: %v, want ErrClosed", offload, err)
 		}
 	}
+}
+
+// addIPv4 gives device name in the namespace at path the address ip/24.
+func addIPv4(path, name string, ip net.IP) error {
+	return netnsutil.Do(path, func(h *netlink.Handle) error {
+		l, err := h.LinkByName(name)
+		if err != nil {
+			return err
+		}
+		return h.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: ip, Mask: net.CIDRMask(24, 32)}})
+	})
+}
+
+// sendUDP sends one datagram to addr from the namespace at path: the
+// kernel first asks for addr's MAC with an ARP request.
+func sendUDP(path, addr string) error {
+	return netnsutil.Do(path, func(*netlink.Handle) error {
+		c, err := net.Dial("udp4", addr)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write([]byte("x"))
+		return err
+	})
 }

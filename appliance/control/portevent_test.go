@@ -2,9 +2,7 @@ package control
 
 import (
 	"net"
-	"os"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
@@ -12,25 +10,25 @@ import (
 	"github.com/taproce/taproce/verbs/abi"
 )
 
-// unixPair returns two connected unixpacket connections.
-func unixPair(t *testing.T) (*net.UnixConn, *net.UnixConn) {
+// unixPair returns the two ends of a unixpacket connection, accepted
+// and dialled as a client's is.
+func unixPair(t *testing.T) (accepted, dialled *net.UnixConn) {
 	t.Helper()
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_SEQPACKET|syscall.SOCK_CLOEXEC, 0)
+	addr := &net.UnixAddr{Name: filepath.Join(t.TempDir(), "pair.sock"), Net: "unixpacket"}
+	ln, err := net.ListenUnix("unixpacket", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	conns := make([]*net.UnixConn, 2)
-	for i, fd := range fds {
-		f := os.NewFile(uintptr(fd), "pair")
-		c, err := net.FileConn(f)
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		conns[i] = c.(*net.UnixConn)
-		t.Cleanup(func() { c.Close() })
+	defer ln.Close()
+	if dialled, err = net.DialUnix("unixpacket", nil, addr); err != nil {
+		t.Fatal(err)
 	}
-	return conns[0], conns[1]
+	t.Cleanup(func() { dialled.Close() })
+	if accepted, err = ln.AcceptUnix(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { accepted.Close() })
+	return accepted, dialled
 }
 
 // TestPortEventDoesNotWait: a port's link event, which a spinning

@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -328,28 +329,47 @@ func TestLabKeepServes(t *testing.T) {
 	old := PIDFile
 	PIDFile = filepath.Join(t.TempDir(), "lab.pid")
 	defer func() { PIDFile = old }()
-	var out syncBuilder
+	pr, pw := io.Pipe()
+	lines := make(chan string, 256)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
 		_, err := Run(ctx, Options{Prefix: p, Hosts: 2, Offload: true, Frames: 100, RDMA: 1 << 20, Binary: "-", Keep: true,
-			Socket: sock, Out: &out})
+			Socket: sock, Out: pw})
+		pw.Close()
 		done <- err
 	}()
-	deadline := time.Now().Add(60 * time.Second)
-	for !strings.Contains(out.String(), "stays up") {
+	var out strings.Builder
+	sawSocket := false
+	for up := false; !up; {
 		select {
-		case err := <-done:
-			t.Fatalf("Run returned %v before keeping the lab up:\n%s", err, out.String())
-		default:
-		}
-		if time.Now().After(deadline) {
+		case line, ok := <-lines:
+			if !ok {
+				t.Fatalf("Run ended before keeping the lab up (%v):\n%s", <-done, out.String())
+			}
+			out.WriteString(line + "\n")
+			up = strings.Contains(line, "stays up")
+			sawSocket = sawSocket || strings.Contains(line, "TAPROCE_SOCKET="+sock)
+		case <-time.After(60 * time.Second):
 			t.Fatalf("the lab never came up:\n%s", out.String())
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
-	if !strings.Contains(out.String(), "TAPROCE_SOCKET="+sock) {
+	for line := range lines { // the lines after "stays up" come at once
+		out.WriteString(line + "\n")
+		sawSocket = sawSocket || strings.Contains(line, "TAPROCE_SOCKET="+sock)
+		if strings.Contains(line, "the out-of-band exchange") {
+			break
+		}
+	}
+	if !sawSocket {
 		t.Errorf("no word of the control socket:\n%s", out.String())
 	}
 	for i, ns := range []string{p + "1", p + "2"} {
@@ -361,6 +381,10 @@ func TestLabKeepServes(t *testing.T) {
 		}
 	}
 	cancel()
+	go func() {
+		for range lines {
+		}
+	}()
 	select {
 	case err := <-done:
 		if err != nil {
@@ -372,22 +396,4 @@ func TestLabKeepServes(t *testing.T) {
 	if left, _ := netnsutil.List(p); len(left) != 0 {
 		t.Errorf("left behind: %v", left)
 	}
-}
-
-// syncBuilder is a strings.Builder that a test may read while Run writes.
-type syncBuilder struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuilder) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuilder) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
