@@ -105,9 +105,10 @@ type Appliance struct {
 	sw   *Switch
 	ctrl *control.Server
 
-	mu   sync.Mutex
-	nics map[string]*NIC
-	next int
+	mu     sync.Mutex
+	nics   map[string]*NIC
+	next   int
+	closed bool // Close was called
 
 	// loop polls the ports and the clients' rings when the appliance
 	// spins; nil otherwise. It runs from New to Close.
@@ -115,6 +116,9 @@ type Appliance struct {
 	loopStop context.CancelFunc
 	loopDone chan struct{}
 }
+
+// ErrClosed is AddPort's and AddPortOn's error once Close was called.
+var ErrClosed = errors.New("appliance: closed")
 
 // New returns an appliance with no ports.
 func New(opt Options) *Appliance {
@@ -162,6 +166,10 @@ func (a *Appliance) AddPortOn(dev tap.Device, cfg PortConfig) (*NIC, error) {
 		return nil, err
 	}
 	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return nil, ErrClosed
+	}
 	name := fmt.Sprintf("taproce%d", a.next)
 	a.next++
 	a.mu.Unlock()
@@ -190,6 +198,10 @@ func (a *Appliance) AddPortOn(dev tap.Device, cfg PortConfig) (*NIC, error) {
 		return nil, err
 	}
 	a.mu.Lock()
+	if a.closed { // closed meanwhile: its loop no longer polls
+		a.mu.Unlock()
+		return nil, errors.Join(ErrClosed, n.Close())
+	}
 	a.nics[name] = n
 	a.mu.Unlock()
 	a.ctrl.AddDevice(&control.Device{Name: name, Netns: ino, Engine: n.Engine(), MAC: n.Port().MAC(), MTU: n.MTU(),
@@ -226,8 +238,12 @@ func (a *Appliance) NICs() []*NIC {
 // Serve runs the control server until ctx ends.
 func (a *Appliance) Serve(ctx context.Context) error { return a.ctrl.Serve(ctx) }
 
-// Close disconnects the clients and closes every port.
+// Close disconnects the clients and closes every port; afterwards no port
+// can be added (ErrClosed).
 func (a *Appliance) Close() error {
+	a.mu.Lock()
+	a.closed = true
+	a.mu.Unlock()
 	err := a.ctrl.Close()
 	for _, n := range a.NICs() {
 		a.ctrl.RemoveDevice(n.name)
