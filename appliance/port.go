@@ -352,10 +352,7 @@ func (p *Port) pollOnce() bool {
 		if errors.Is(err, tap.ErrClosed) {
 			return false
 		}
-		p.log.Warn("read failed", "err", err)
-		if p.down.CompareAndSwap(false, true) && p.cfg.OnLink != nil {
-			p.cfg.OnLink(false)
-		}
+		p.linkDown(err)
 		p.retryAt = time.Now().Add(time.Millisecond)
 		return false
 	}
@@ -440,12 +437,18 @@ func (p *Port) readFailed(err error) bool {
 		return true
 	default:
 	}
+	p.linkDown(err)
+	time.Sleep(time.Millisecond) // a device that fails at once every time must not spin
+	return false
+}
+
+// linkDown logs a failed read and, when the port was up, tells OnLink it
+// is down.
+func (p *Port) linkDown(err error) {
 	p.log.Warn("read failed", "err", err)
 	if p.down.CompareAndSwap(false, true) && p.cfg.OnLink != nil {
 		p.cfg.OnLink(false)
 	}
-	time.Sleep(time.Millisecond) // a device that fails at once every time must not spin
-	return false
 }
 
 // deliverLocked passes one received frame to the station and, when it is a

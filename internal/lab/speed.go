@@ -119,12 +119,19 @@ func Speed(ctx context.Context, o SpeedOptions) (*SpeedResult, error) {
 
 	// While the baselines run, the appliance's own readers sleep (its
 	// polling loop naps), so that they take no core from them.
-	for _, h := range l.Hosts {
-		h.Port.Device().(*tap.Tap).SetSpin(0)
+	rest := func(on bool) {
+		spin, nap := o.Poll.Spin(), time.Duration(0)
+		if on {
+			spin, nap = 0, time.Millisecond
+		}
+		for _, h := range l.Hosts {
+			h.Port.Device().(*tap.Tap).SetSpin(spin)
+		}
+		if lp := l.App.Loop(); lp != nil {
+			lp.SetRest(nap)
+		}
 	}
-	if lp := l.App.Loop(); lp != nil {
-		lp.SetRest(time.Millisecond)
-	}
+	rest(true)
 	tcp := make([]float64, o.TCPRuns)
 	for i := range tcp {
 		if tcp[i], err = TCPThroughput(a, b, o.TCPBytes); err != nil {
@@ -140,12 +147,7 @@ func Speed(ctx context.Context, o SpeedOptions) (*SpeedResult, error) {
 	if res.Raw, err = RawPingPong(a, b, o.RawRounds, spin); err != nil {
 		return nil, err
 	}
-	for _, h := range l.Hosts {
-		h.Port.Device().(*tap.Tap).SetSpin(o.Poll.Spin())
-	}
-	if lp := l.App.Loop(); lp != nil {
-		lp.SetRest(0)
-	}
+	rest(false)
 
 	// The baselines above had all the processors.
 	restore, err := l.appPlace()
