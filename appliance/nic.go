@@ -32,6 +32,7 @@ type NIC struct {
 	stop   chan struct{}
 	wg     sync.WaitGroup
 	once   sync.Once
+	ticks  atomic.Uint64 // the tick loop's Tick calls
 }
 
 // localItem is a batch of frames crossing the local switch; refs, when
@@ -138,32 +139,38 @@ func (n *NIC) Close() error {
 	return err
 }
 
-// tickLoop runs the engine's timers.
+// tickLoop runs the engine's timers: it sleeps until the earliest is due
+// (transport.Engine.PlanTick), or, while none is set, until one is
+// (TickWake) — an idle port's engine wakes no one.
 func (n *NIC) tickLoop(e *transport.Engine) {
 	defer n.wg.Done()
-	t := time.NewTimer(time.Millisecond)
+	// With a loop, its ring pollers send held acknowledgements on time
+	// (FlushAcks): waking every few microseconds for them would take a
+	// thread of its own, often on a client's core.
+	acks := n.port.cfg.Loop == nil
+	t := time.NewTimer(time.Hour)
+	t.Stop()
 	defer t.Stop()
-	deadline := e.NextDeadline
-	if n.port.cfg.Loop != nil {
-		// The loop's ring pollers send held acknowledgements on time
-		// (FlushAcks): waking every 50 µs for them would take a thread
-		// of its own, often on a client's core.
-		deadline = e.NextTimer
-	}
 	for {
+		if next, ok := e.PlanTick(acks); ok {
+			t.Reset(max(time.Until(next), minTickSleep))
+		} else {
+			t.Stop()
+		}
 		select {
 		case <-n.stop:
 			return
 		case <-t.C:
+			n.ticks.Add(1)
+			e.Tick()
+		case <-e.TickWake():
 		}
-		e.Tick()
-		d := time.Millisecond
-		if next, ok := deadline(); ok {
-			d = min(max(time.Until(next), 50*time.Microsecond), time.Millisecond)
-		}
-		t.Reset(d)
 	}
 }
+
+// minTickSleep is the shortest the tick loop sleeps: timers due sooner
+// wait that long, so that a burst of them costs one wakeup.
+const minTickSleep = 50 * time.Microsecond
 
 // localLoop feeds the frames of the local switch to the engine. The
 // queue is unbounded: a sender must never wait for a receiver that might

@@ -44,6 +44,7 @@ func (qp *QP) complete(frame []byte, p *roce.Packet) {
 			}
 			qp.rewind(psn)
 			qp.rnrAt = qp.e.cfg.Now().Add(RNRDelay(syn.Value()))
+			qp.e.timerSet(qp.rnrAt)
 			qp.retryAt = time.Time{}
 			if d := timeoutDuration(qp.attr.Timeout); d != 0 {
 				qp.retryAt = qp.rnrAt.Add(d)

@@ -134,6 +134,14 @@ type Engine struct {
 	bufSize int // bytes of a transmit buffer
 	curBufs int // buffers of cur in use
 
+	// tickAt is when the caller of Tick plans to call it next (PlanTick),
+	// zero when it plans to wait for a timer to be set; tickAcks says
+	// whether its plan counts the acknowledgements that wait for company.
+	// A queue pair that sets a timer before tickAt signals tickWake.
+	tickAt   time.Time
+	tickAcks bool
+	tickWake chan struct{}
+
 	stats struct {
 		sent, received, dropped, retransmits, timeouts atomic.Uint64
 		rnrSent, rnrReceived, naksSent, naksReceived   atomic.Uint64
@@ -160,7 +168,7 @@ func NewEngine(cfg Config) *Engine {
 	if cfg.MTU == 0 {
 		cfg.MTU = 1500
 	}
-	e := &Engine{cfg: cfg, mem: cfg.Memory, qps: map[uint32]*QP{}, nextQPN: 0x10}
+	e := &Engine{cfg: cfg, mem: cfg.Memory, qps: map[uint32]*QP{}, nextQPN: 0x10, tickWake: make(chan struct{}, 1)}
 	size := cfg.Out.Headroom() + cfg.MTU + roce.EthernetLen
 	n := 1
 	if a, ok := cfg.Out.(AsyncOutput); ok {
@@ -466,6 +474,9 @@ func (e *Engine) flushUrgent() {
 		due := e.ackDue.Load()
 		if due == 0 {
 			e.ackDue.Store(now + int64(e.cfg.AckDelay))
+			if e.tickAcks {
+				e.timerSet(time.Unix(0, now+int64(e.cfg.AckDelay)))
+			}
 			return
 		}
 		if now < due {
@@ -570,6 +581,38 @@ func (e *Engine) Tick() {
 	}
 }
 
+// PlanTick returns when Tick should run next — NextDeadline with acks,
+// NextTimer without — and records the plan: until Tick or PlanTick runs
+// again, a queue pair that sets an earlier timer signals TickWake. With
+// no deadline (false) the caller may sleep until TickWake. A caller that
+// ticks this way sleeps as long as the engine has nothing timed, where
+// ticking every millisecond would wake an idle appliance a thousand
+// times a second (and, where timers are costly, as in a VM, slow every
+// sleep and wakeup of the process: the runtime's epoll_wait then arms a
+// high-resolution timer each time).
+func (e *Engine) PlanTick(acks bool) (time.Time, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	next, ok := e.nextDeadlineLocked(acks)
+	e.tickAt, e.tickAcks = next, acks
+	return next, ok
+}
+
+// TickWake is signalled when a queue pair sets a timer earlier than the
+// plan PlanTick recorded: the caller of Tick should plan again.
+func (e *Engine) TickWake() <-chan struct{} { return e.tickWake }
+
+// timerSet is told, with e.mu held, that a timer was set for t.
+func (e *Engine) timerSet(t time.Time) {
+	if e.tickAt.IsZero() || t.Before(e.tickAt) {
+		e.tickAt = t
+		select {
+		case e.tickWake <- struct{}{}:
+		default:
+		}
+	}
+}
+
 // NextDeadline returns the earliest timer of any queue pair, or when the
 // acknowledgements that wait for company are due.
 func (e *Engine) NextDeadline() (time.Time, bool) { return e.nextDeadline(true) }
@@ -582,6 +625,11 @@ func (e *Engine) NextTimer() (time.Time, bool) { return e.nextDeadline(false) }
 func (e *Engine) nextDeadline(acks bool) (time.Time, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	return e.nextDeadlineLocked(acks)
+}
+
+// nextDeadlineLocked is nextDeadline with e.mu held.
+func (e *Engine) nextDeadlineLocked(acks bool) (time.Time, bool) {
 	var next time.Time
 	if due := e.ackDue.Load(); acks && due != 0 {
 		next = time.Unix(0, due)

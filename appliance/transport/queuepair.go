@@ -565,6 +565,7 @@ func (qp *QP) armRetry() {
 		return
 	}
 	qp.retryAt = qp.e.cfg.Now().Add(d)
+	qp.e.timerSet(qp.retryAt)
 }
 
 // putUint64 stores v in host (little-endian) order, as an atomic's

@@ -48,6 +48,7 @@ func (qp *QP) respond(frame []byte, p *roce.Packet) {
 			// a short while rather than leave it to the requester's
 			// timeout.
 			qp.nakAt = qp.e.cfg.Now().Add(reorderHold)
+			qp.e.timerSet(qp.nakAt)
 		}
 		return
 	}
@@ -111,6 +112,7 @@ func (qp *QP) linger(linger time.Duration) {
 	e.lingering++
 	qp.killed = true
 	qp.killAt = qp.e.cfg.Now().Add(linger)
+	qp.e.timerSet(qp.killAt)
 	qp.retryAt, qp.rnrAt, qp.nakAt = time.Time{}, time.Time{}, time.Time{}
 	qp.inMsg = false
 	qp.stash = nil
