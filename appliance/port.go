@@ -91,9 +91,10 @@ func DeriveMAC(namespace, name string) roce.MAC {
 // PortStats counts a port's traffic.
 type PortStats struct {
 	RxFrames, RxBytes, TxFrames, TxBytes uint64
-	TxErrors                             uint64
-	Ingress, Egress                      impair.Counters
-	Station                              station.Stats
+	// RxErrors counts reads of the device that failed, TxErrors writes.
+	RxErrors, TxErrors uint64
+	Ingress, Egress    impair.Counters
+	Station            station.Stats
 }
 
 // Port is a NIC port: a TAP device in a namespace, the station behind it,
@@ -111,7 +112,7 @@ type Port struct {
 	ctl             []byte      // headroom + one frame, for station and impaired sends
 	ctlBufs         [][]byte    // the one-element batch holding ctl, under egressMu
 
-	rxFrames, rxBytes, txFrames, txBytes, txErrors atomic.Uint64
+	rxFrames, rxBytes, txFrames, txBytes, txErrors, rxErrors atomic.Uint64
 
 	txq  txQueue     // SendAsync's queue and writer state
 	down atomic.Bool // the last read failed
@@ -229,7 +230,7 @@ func (p *Port) Device() tap.Device { return p.dev }
 func (p *Port) Stats() PortStats {
 	s := PortStats{
 		RxFrames: p.rxFrames.Load(), RxBytes: p.rxBytes.Load(),
-		TxFrames: p.txFrames.Load(), TxBytes: p.txBytes.Load(), TxErrors: p.txErrors.Load(),
+		TxFrames: p.txFrames.Load(), TxBytes: p.txBytes.Load(), RxErrors: p.rxErrors.Load(), TxErrors: p.txErrors.Load(),
 		Station: p.st.Stats(),
 	}
 	if p.ingress != nil {
@@ -442,11 +443,18 @@ func (p *Port) readFailed(err error) bool {
 	return false
 }
 
-// linkDown logs a failed read and, when the port was up, tells OnLink it
-// is down.
+// linkDown counts a failed read and, when the port was up, logs it and
+// tells OnLink the port is down. A device that keeps failing is read
+// again every millisecond: its failures after the first are counted
+// (RxErrors) and logged at debug level only, until a read works again.
 func (p *Port) linkDown(err error) {
-	p.log.Warn("read failed", "err", err)
-	if p.down.CompareAndSwap(false, true) && p.cfg.OnLink != nil {
+	p.rxErrors.Add(1)
+	if !p.down.CompareAndSwap(false, true) {
+		p.log.Debug("read failed", "err", err)
+		return
+	}
+	p.log.Warn("read failed: port down until a read works", "err", err)
+	if p.cfg.OnLink != nil {
 		p.cfg.OnLink(false)
 	}
 }

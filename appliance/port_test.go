@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"log/slog"
 	"net/netip"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -304,9 +306,35 @@ func (d *failingDev) TryReadEach(fn func([]byte)) (int, error) {
 	return d.Fake.TryReadEach(fn)
 }
 
+// levelCounter is a slog handler that counts the records of each level.
+type levelCounter struct {
+	mu sync.Mutex
+	n  map[slog.Level]int
+}
+
+func (c *levelCounter) Enabled(context.Context, slog.Level) bool { return true }
+func (c *levelCounter) Handle(_ context.Context, r slog.Record) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[slog.Level]int{}
+	}
+	c.n[r.Level]++
+	return nil
+}
+func (c *levelCounter) WithAttrs([]slog.Attr) slog.Handler { return c }
+func (c *levelCounter) WithGroup(string) slog.Handler      { return c }
+
+func (c *levelCounter) count(l slog.Level) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[l]
+}
+
 // TestPortLoopReadFails: on a polling loop, a port whose reads fail is
 // down (OnLink false) and reads again only every millisecond, leaving the
-// loop to its other work; once reads work it is up again (OnLink true).
+// loop to its other work; it warns once, not at every failed read, and
+// counts them (RxErrors); once reads work it is up again (OnLink true).
 func TestPortLoopReadFails(t *testing.T) {
 	loop := spin.NewLoop()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -318,8 +346,9 @@ func TestPortLoopReadFails(t *testing.T) {
 	dev := &failingDev{Fake: a}
 	dev.fail.Store(true)
 	links := make(chan bool, 16)
+	logs := &levelCounter{}
 	p, err := NewPort(dev, PortConfig{Namespace: "test", Loop: loop, Addrs: []netip.Prefix{netip.MustParsePrefix("10.55.0.1/24")},
-		OnLink: func(up bool) { links <- up }})
+		OnLink: func(up bool) { links <- up }, Logger: slog.New(logs)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -339,6 +368,12 @@ func TestPortLoopReadFails(t *testing.T) {
 	time.Sleep(30 * time.Millisecond)
 	if n := dev.tries.Load() - before; n > 40 {
 		t.Errorf("%d reads of a failing device in 30 ms, want about one a millisecond", n)
+	}
+	if n := p.Stats().RxErrors; n < 5 || n > uint64(dev.tries.Load()) {
+		t.Errorf("RxErrors %d after %d failed reads", n, dev.tries.Load())
+	}
+	if n := logs.count(slog.LevelWarn); n != 1 {
+		t.Errorf("%d warnings for a device that kept failing, want 1", n)
 	}
 	dev.fail.Store(false)
 	select {

@@ -66,6 +66,7 @@ var (
 	descRxBytes   = portDesc("rx_bytes_total", "Bytes of the frames the port read from its TAP device.")
 	descTxFrames  = portDesc("tx_frames_total", "Frames the port wrote to its TAP device.")
 	descTxBytes   = portDesc("tx_bytes_total", "Bytes of the frames the port wrote to its TAP device.")
+	descRxErrors  = portDesc("rx_errors_total", "Reads of the TAP device that failed.")
 	descTxErrors  = portDesc("tx_errors_total", "Writes to the TAP device that failed.")
 	descDelivered = portDesc("delivered_total", "RoCEv2 packets the station passed to the transport.")
 	descDrops     = portDesc("drops_total", "Frames the station dropped, by reason.", "reason")
@@ -95,7 +96,7 @@ var (
 	descAttachments = globalDesc("attachments", "Ports attached to pods through the admin API.")
 
 	allDescs = []*prometheus.Desc{
-		descRxFrames, descRxBytes, descTxFrames, descTxBytes, descTxErrors, descDelivered, descDrops, descImpair, descMTU,
+		descRxFrames, descRxBytes, descTxFrames, descTxBytes, descRxErrors, descTxErrors, descDelivered, descDrops, descImpair, descMTU,
 		descSent, descReceived, descDropped, descRetransmits, descTimeouts, descNAKs, descRNRNAKs, descDupRequests, descDupResponses,
 		descPorts, descClients, descPDs, descMRs, descMRBytes, descCQs, descQPs, descSRQs, descAHs, descSwitch, descAttachments,
 	}
@@ -125,6 +126,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descRxBytes, s.RxBytes, dev, port)
 		counter(descTxFrames, s.TxFrames, dev, port)
 		counter(descTxBytes, s.TxBytes, dev, port)
+		counter(descRxErrors, s.RxErrors, dev, port)
 		counter(descTxErrors, s.TxErrors, dev, port)
 		counter(descDelivered, s.Station.Delivered, dev, port)
 		for r, v := range s.Station.Drops {

@@ -63,6 +63,7 @@ func TestCollector(t *testing.T) {
 	for _, want := range []string{
 		"taproce_port_rx_frames_total{" + devA + "} ",
 		"taproce_port_tx_bytes_total{" + devB + "} ",
+		"taproce_port_rx_errors_total{" + devA + "} 0",
 		`taproce_port_drops_total{` + devA + `,reason="icrc"} 0`,
 		`taproce_port_drops_total{` + devA + `,reason="not_for_us"} `,
 		"taproce_port_mtu_bytes{" + devA + "} 1500",
