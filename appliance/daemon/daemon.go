@@ -27,6 +27,7 @@ import (
 	"github.com/taproce/taproce/appliance"
 	"github.com/taproce/taproce/appliance/admin"
 	"github.com/taproce/taproce/appliance/attach"
+	"github.com/taproce/taproce/appliance/control"
 	"github.com/taproce/taproce/appliance/metrics"
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/config"
@@ -68,26 +69,39 @@ type Daemon struct {
 // on the processors cfg's cpus lists, as many at once as its procs and
 // poll choose (appliance.Place): the daemon owns its process.
 func Run(ctx context.Context, cfg *config.Config, logger *slog.Logger) error {
-	if poll, err := cfg.PollMode(); err == nil && cfg.Validate() == nil {
-		restore, err := appliance.Place(poll, cfg.Procs, cfg.CPUs)
-		if err != nil {
-			return fmt.Errorf("daemon: %w", err)
-		}
-		defer func() {
-			if err := restore(); err != nil {
-				log := logger
-				if log == nil {
-					log = slog.Default()
-				}
-				log.Warn("putting the process back on its processors", "err", err)
-			}
-		}()
+	if logger == nil {
+		logger = slog.Default()
 	}
-	d, err := Start(ctx, cfg, logger)
+	poll, err := checked(cfg)
+	if err != nil {
+		return err
+	}
+	restore, err := appliance.Place(poll, cfg.Procs, cfg.CPUs)
+	if err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	defer func() {
+		if err := restore(); err != nil {
+			logger.Warn("putting the process back on its processors", "err", err)
+		}
+	}()
+	d, err := start(ctx, cfg, poll, logger)
 	if err != nil {
 		return err
 	}
 	return d.Wait()
+}
+
+// checked validates cfg and returns its poll mode.
+func checked(cfg *config.Config) (control.PollMode, error) {
+	if err := cfg.Validate(); err != nil {
+		return 0, fmt.Errorf("daemon: %w", err)
+	}
+	poll, err := cfg.PollMode()
+	if err != nil {
+		return 0, fmt.Errorf("daemon: %w", err)
+	}
+	return poll, nil
 }
 
 // Start validates cfg, binds the control socket, the admin socket and the
@@ -99,13 +113,15 @@ func Start(ctx context.Context, cfg *config.Config, logger *slog.Logger) (_ *Dae
 	if logger == nil {
 		logger = slog.Default()
 	}
-	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("daemon: %w", err)
-	}
-	poll, err := cfg.PollMode()
+	poll, err := checked(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("daemon: %w", err)
+		return nil, err
 	}
+	return start(ctx, cfg, poll, logger)
+}
+
+// start is Start for a checked cfg.
+func start(ctx context.Context, cfg *config.Config, poll control.PollMode, logger *slog.Logger) (_ *Daemon, err error) {
 	d := &Daemon{cfg: cfg, log: logger, ctx: ctx, errs: make(chan error, 3), health: &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var dialer net.Dialer

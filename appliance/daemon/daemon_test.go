@@ -379,6 +379,11 @@ func TestStartFailures(t *testing.T) {
 		if !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), "poll") || !strings.Contains(err.Error(), "limits.qps") {
 			t.Fatalf("error %v", err)
 		}
+		// Run refuses it the same way, before it moves the process.
+		err = daemon.Run(ctx, cfg, quietLogger())
+		if !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), "poll") || !strings.Contains(err.Error(), "limits.qps") {
+			t.Fatalf("Run: error %v", err)
+		}
 	})
 
 	t.Run("sockets in use", func(t *testing.T) {
