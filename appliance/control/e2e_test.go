@@ -176,6 +176,35 @@ func wait(t testing.TB, cq *verbs.CQ, n int) []verbs.WC {
 	return out
 }
 
+// TestHeldAcksGoOut: a spinning appliance holds the acknowledgement of a
+// SEND back for the answer its client may post (AckDelay), and its ring
+// pollers send it when no answer comes — nothing else does, the engines'
+// timer loops watching only the queue pairs' timers. One-way SENDs, each
+// waited for, complete without the requester's local ACK timeout (67 ms)
+// ever running out.
+func TestHeldAcksGoOut(t *testing.T) {
+	r := newRigOpts(t, false, 1500, control.PollSpin)
+	a, b := newEnd(t, r.ca, verbs.RC, 1<<20), newEnd(t, r.cb, verbs.RC, 1<<20)
+	connectRC(t, a, b, r.ga, r.gb)
+	for i := range 30 {
+		_, err := b.qp.PostRecv([]verbs.RecvWR{{ID: uint64(i), SGL: []verbs.SGE{b.mr.SGE(0, 64)}}})
+		must(t, err)
+		_, err = a.qp.PostSend([]verbs.SendWR{{ID: uint64(i), Opcode: verbs.WRSend, Flags: verbs.SendSignaled | verbs.SendInline, SGL: []verbs.SGE{a.mr.SGE(0, 8)}}})
+		must(t, err)
+		if wc := wait(t, a.cq, 1)[0]; wc.Status != verbs.WCSuccess || wc.Opcode != verbs.WCSend {
+			t.Fatalf("send %d: %+v", i, wc)
+		}
+		if wc := wait(t, b.cq, 1)[0]; wc.Status != verbs.WCSuccess || wc.Opcode != verbs.WCRecv {
+			t.Fatalf("receive %d: %+v", i, wc)
+		}
+	}
+	for _, n := range r.app.NICs() {
+		if st := n.Engine().Stats(); st.Timeouts != 0 || st.Retransmits != 0 || st.DuplicateRequests != 0 {
+			t.Errorf("%s: %+v: an acknowledgement was held until the requester's timeout", n.Name(), st)
+		}
+	}
+}
+
 // TestVerbsRC: through the control socket and the shared rings, two
 // clients connect RC QPs and run SEND with immediate, WRITE, READ and
 // both atomics, with the data checked — over the fake wire and over the
