@@ -76,8 +76,11 @@ func TestAckDelay(t *testing.T) {
 	if next, ok := s.b.eng.NextDeadline(); !ok || !next.Equal(s.clock.now.Add(delay)) {
 		t.Errorf("B's next deadline %v, %v; want the ACK's, %v", next, ok, s.clock.now.Add(delay))
 	}
-	if next, ok := s.b.eng.NextTimer(); ok {
-		t.Errorf("B's next timer %v: want none, the held ACK left to FlushAcks", next)
+	if next, ok := s.b.eng.PlanTick(false); ok {
+		t.Errorf("B's tick plan without acknowledgements %v: want none, the held ACK left to FlushAcks", next)
+	}
+	if next, ok := s.b.eng.PlanTick(true); !ok || !next.Equal(s.clock.now.Add(delay)) {
+		t.Errorf("B's tick plan with acknowledgements %v, %v; want the ACK's, %v", next, ok, s.clock.now.Add(delay))
 	}
 	s.b.eng.FlushAcks() // not due yet
 	if len(fromB) != 0 {

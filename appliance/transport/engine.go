@@ -581,8 +581,10 @@ func (e *Engine) Tick() {
 	}
 }
 
-// PlanTick returns when Tick should run next — NextDeadline with acks,
-// NextTimer without — and records the plan: until Tick or PlanTick runs
+// PlanTick returns when Tick should run next — NextDeadline, without the
+// acknowledgements that wait for company unless acks (leave them out
+// when a poller that calls FlushAcks watches their time, so that Tick
+// need not run every few microseconds) — and records the plan: until Tick or PlanTick runs
 // again, a queue pair that sets an earlier timer signals TickWake. With
 // no deadline (false) the caller may sleep until TickWake. A caller that
 // ticks this way sleeps as long as the engine has nothing timed, where
@@ -615,20 +617,14 @@ func (e *Engine) timerSet(t time.Time) {
 
 // NextDeadline returns the earliest timer of any queue pair, or when the
 // acknowledgements that wait for company are due.
-func (e *Engine) NextDeadline() (time.Time, bool) { return e.nextDeadline(true) }
-
-// NextTimer is NextDeadline without the acknowledgements that wait for
-// company: for a caller of Tick when a poller that calls FlushAcks
-// watches their time, so that Tick need not run every few microseconds.
-func (e *Engine) NextTimer() (time.Time, bool) { return e.nextDeadline(false) }
-
-func (e *Engine) nextDeadline(acks bool) (time.Time, bool) {
+func (e *Engine) NextDeadline() (time.Time, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.nextDeadlineLocked(acks)
+	return e.nextDeadlineLocked(true)
 }
 
-// nextDeadlineLocked is nextDeadline with e.mu held.
+// nextDeadlineLocked is NextDeadline, with or without the held
+// acknowledgements, with e.mu held.
 func (e *Engine) nextDeadlineLocked(acks bool) (time.Time, bool) {
 	var next time.Time
 	if due := e.ackDue.Load(); acks && due != 0 {
