@@ -581,17 +581,14 @@ func (e *Engine) Tick() {
 	}
 }
 
-// PlanTick returns when Tick should run next — NextDeadline, without the
-// acknowledgements that wait for company unless acks (leave them out
-// when a poller that calls FlushAcks watches their time, so that Tick
-// need not run every few microseconds) — and records the plan: until Tick or PlanTick runs
-// again, a queue pair that sets an earlier timer signals TickWake. With
-// no deadline (false) the caller may sleep until TickWake. A caller that
-// ticks this way sleeps as long as the engine has nothing timed, where
-// ticking every millisecond would wake an idle appliance a thousand
-// times a second (and, where timers are costly, as in a VM, slow every
-// sleep and wakeup of the process: the runtime's epoll_wait then arms a
-// high-resolution timer each time).
+// PlanTick returns when Tick should run next — NextDeadline, counting
+// the acknowledgements that wait for company only when acks is set (a
+// caller whose pollers call FlushAcks leaves them out, so that Tick need
+// not run every few microseconds) — and records the plan: until Tick or
+// PlanTick runs again, a queue pair that sets an earlier timer signals
+// TickWake. With no deadline (false) the caller may sleep until
+// TickWake. Ticking this way, an idle engine wakes no one, where ticking
+// every millisecond woke an idle appliance a thousand times a second.
 func (e *Engine) PlanTick(acks bool) (time.Time, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
