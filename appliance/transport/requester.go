@@ -211,7 +211,7 @@ func (qp *QP) sendRC(w *sendWQE) bool {
 		}
 		p.BTH.SolicitedEvent = last && w.wr.Flags&SendSolicited != 0
 		qp.noAckPkts++
-		p.BTH.AckReq = qp.cfg.Type == RC && (last || qp.noAckPkts >= maxPktsPerAck)
+		p.BTH.AckReq = qp.cfg.Type == RC && (last && qp.lastAsksAck() || qp.noAckPkts >= maxPktsPerAck)
 		if p.BTH.AckReq {
 			qp.noAckPkts = 0
 		}
@@ -341,6 +341,25 @@ func (qp *QP) sendReadRange(w *sendWQE, off uint32) {
 	p.RETH = roce.RETHFields{VA: w.wr.RemoteAddr + uint64(off), RKey: w.wr.RKey, DMALen: n}
 	w.reqEnd, w.asked = max(w.reqEnd, end), true
 	qp.buildAndSend(p, nil, nil, 0, 0)
+}
+
+// lastAsksAck reports whether the last packet of the SEND or WRITE being
+// sent (the WQE at sqNext) asks for an acknowledgement. It does unless
+// another SEND or WRITE is already posted behind it: that message's
+// acknowledgement covers this one too (an ACK acknowledges every earlier
+// PSN, IBA 9.7.5.1), so a stream of messages is acknowledged every
+// maxPktsPerAck packets and at its end rather than once per message, and
+// the responder writes, and the requester reads, that many fewer frames.
+// A READ or atomic behind it may have to wait for credits that this
+// message's completion frees, and a WQE already failed completes only
+// once this one is acknowledged: both make the last packet ask.
+func (qp *QP) lastAsksAck() bool {
+	next := qp.sqNext + 1
+	if next >= qp.sqTl {
+		return true
+	}
+	w := &qp.sq[next%uint64(len(qp.sq))]
+	return w.fail != 0 || w.wr.Opcode == OpRead || w.wr.Opcode.isAtomic()
 }
 
 // finishSent moves on from the WQE whose packets are all sent to the next
