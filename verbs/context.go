@@ -324,6 +324,13 @@ func (c *Context) Name() string { return c.name }
 // QueryDevice returns the device attributes.
 func (c *Context) QueryDevice() DeviceAttr { return c.attr }
 
+// AppliancePolls reports whether the appliance busy-polls this context's
+// rings on processors of its own (DeviceAttr.Polls): a client may then
+// busy-poll its completion queues without taking processor time from
+// the appliance, where against a sleeping appliance it had better sleep
+// on a completion channel soon on a machine with few cores.
+func (c *Context) AppliancePolls() bool { return c.attr.Polls != 0 }
+
 // QueryPort asks the appliance for the port's current attributes (the
 // port number is always 1).
 func (c *Context) QueryPort(ctx context.Context) (PortAttr, error) {

@@ -205,6 +205,24 @@ func TestHeldAcksGoOut(t *testing.T) {
 	}
 }
 
+// TestAppliancePolls: a client learns whether the appliance busy-polls its
+// rings (DeviceAttr.Polls) — only in spin mode.
+func TestAppliancePolls(t *testing.T) {
+	for _, c := range []struct {
+		mode control.PollMode
+		want bool
+	}{{control.PollSpin, true}, {control.PollBlock, false}, {control.PollAdaptive, false}} {
+		t.Run(c.mode.String(), func(t *testing.T) {
+			r := newRigOpts(t, false, 1500, c.mode)
+			for _, vc := range []*verbs.Context{r.ca, r.cb} {
+				if got := vc.AppliancePolls(); got != c.want {
+					t.Errorf("%s: AppliancePolls() = %v, want %v", vc.Name(), got, c.want)
+				}
+			}
+		})
+	}
+}
+
 // TestVerbsRC: through the control socket and the shared rings, two
 // clients connect RC QPs and run SEND with immediate, WRITE, READ and
 // both atomics, with the data checked — over the fake wire and over the

@@ -166,7 +166,11 @@ func (ss *session) open(name string) (*abi.OpenReply, int, error) {
 		go ss.poll()
 	}
 	ss.log.Info("client opened device", "device", name)
-	return &abi.OpenReply{Device: deviceAttr(d), Port: portAttr(d)}, kick.Fd(), nil
+	attr := deviceAttr(d)
+	if ss.srv.cfg.Poll == PollSpin {
+		attr.Polls = 1
+	}
+	return &abi.OpenReply{Device: attr, Port: portAttr(d)}, kick.Fd(), nil
 }
 
 func (ss *session) allocPD() (abi.Handle, error) {

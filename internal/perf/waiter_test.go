@@ -46,8 +46,10 @@ func TestWaiterSpinFor(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := spinFor(test.Kind); got != latSpinFor {
-			t.Errorf("%s polls for %v before it sleeps, want %v", name, got, latSpinFor)
+		for _, polls := range []bool{false, true} {
+			if got := spinFor(test.Kind, polls); got != latSpinFor {
+				t.Errorf("%s polls for %v before it sleeps (appliance polls: %v), want %v", name, got, polls, latSpinFor)
+			}
 		}
 	}
 	for _, name := range []string{"write_bw", "send_bw"} {
@@ -55,8 +57,11 @@ func TestWaiterSpinFor(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := spinFor(test.Kind); got != bwSpinFor {
+		if got := spinFor(test.Kind, false); got != bwSpinFor {
 			t.Errorf("%s polls for %v before it sleeps, want %v", name, got, bwSpinFor)
+		}
+		if got := spinFor(test.Kind, true); got != latSpinFor {
+			t.Errorf("%s polls for %v before it sleeps with a polling appliance, want %v", name, got, latSpinFor)
 		}
 	}
 }

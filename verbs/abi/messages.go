@@ -59,7 +59,13 @@ type DeviceAttr struct {
 	MaxInline     uint32
 	AtomicCap     uint32
 	PhysPortCnt   uint8
-	_             [7]byte
+	// Polls is taproce's own, not ibv_device_attr's: 1 when the appliance
+	// busy-polls its clients' rings on processors it keeps for that
+	// (config poll = "spin"), so that a client that busy-polls its
+	// completion queue takes no processor time the appliance needs; 0
+	// when the appliance sleeps for want of work.
+	Polls uint8
+	_     [6]byte
 }
 
 // PortAttr is struct ibv_port_attr, the fields taproce fills.
