@@ -350,9 +350,10 @@ func (qp *QP) sendReadRange(w *sendWQE, off uint32) {
 // PSN, IBA 9.7.5.1), so a stream of messages is acknowledged every
 // maxPktsPerAck packets and at its end rather than once per message, and
 // the responder writes, and the requester reads, that many fewer frames.
-// A READ or atomic behind it may have to wait for credits that this
-// message's completion frees, and a WQE already failed completes only
-// once this one is acknowledged: both make the last packet ask.
+// A READ or atomic behind it may wait for credits (max_rd_atomic)
+// before it goes, and a WQE already failed completes only once this one
+// is acknowledged: both make the last packet ask, so that this message's
+// completion waits for neither.
 func (qp *QP) lastAsksAck() bool {
 	next := qp.sqNext + 1
 	if next >= qp.sqTl {
