@@ -9,11 +9,13 @@ import (
 )
 
 // sentFrame is a frame a sim port sent: its opcode, its syndrome for an
-// acknowledgement, and the Send call (flush) it went out in.
+// acknowledgement, whether it asks for one, and the Send call (flush) it
+// went out in.
 type sentFrame struct {
-	op    roce.Opcode
-	syn   roce.Syndrome
-	flush int
+	op     roce.Opcode
+	syn    roce.Syndrome
+	ackReq bool
+	flush  int
 }
 
 // record makes p's watch note every frame it sends into *out.
@@ -23,7 +25,7 @@ func record(t *testing.T, p *simPort, out *[]sentFrame) {
 		if err := roce.Parse(f, &pkt); err != nil {
 			t.Fatalf("sent an unparsable frame: %v", err)
 		}
-		*out = append(*out, sentFrame{pkt.BTH.Opcode, pkt.AETH.Syndrome, p.sends})
+		*out = append(*out, sentFrame{pkt.BTH.Opcode, pkt.AETH.Syndrome, pkt.BTH.AckReq, p.sends})
 	}
 }
 

@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/taproce/taproce/appliance/impair"
@@ -54,24 +55,9 @@ func TestAckReqStream(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			s := newSim(t, impair.Spec{}, 1500)
 			cn := s.connect(connOpts{})
-			var asks []bool
-			s.a.watch = func(f []byte) {
-				var p roce.Packet
-				if err := roce.Parse(f, &p); err != nil {
-					t.Fatalf("A sent an unparsable frame: %v", err)
-				}
-				asks = append(asks, p.BTH.AckReq)
-			}
-			acks := 0
-			s.b.watch = func(f []byte) {
-				var p roce.Packet
-				if err := roce.Parse(f, &p); err != nil {
-					t.Fatalf("B sent an unparsable frame: %v", err)
-				}
-				if p.BTH.Opcode == roce.RCAcknowledge {
-					acks++
-				}
-			}
+			var fromA, fromB []sentFrame
+			record(t, s.a, &fromA)
+			record(t, s.b, &fromB)
 			total := 0
 			for _, wrs := range c.posts {
 				for i := range wrs {
@@ -89,12 +75,17 @@ func TestAckReqStream(t *testing.T) {
 					t.Fatalf("completion %d: %+v", i, wc)
 				}
 			}
-			if len(asks) != len(c.asks) {
-				t.Fatalf("A sent %d request packets, AckReq %v; want %d", len(asks), asks, len(c.asks))
+			var asks []bool
+			for _, f := range fromA {
+				asks = append(asks, f.ackReq)
 			}
-			for i := range asks {
-				if asks[i] != c.asks[i] {
-					t.Fatalf("AckReq of A's packets %v, want %v", asks, c.asks)
+			if !slices.Equal(asks, c.asks) {
+				t.Fatalf("AckReq of A's request packets %v, want %v", asks, c.asks)
+			}
+			acks := 0
+			for _, f := range fromB {
+				if f.op == roce.RCAcknowledge {
+					acks++
 				}
 			}
 			if acks != c.acks {
