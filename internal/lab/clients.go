@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/taproce/taproce/appliance"
 	"github.com/taproce/taproce/internal/cpulist"
+	"github.com/taproce/taproce/internal/netnsutil"
 )
 
 // The lab's verbs steps run the taproce binary as separate client
@@ -40,12 +42,22 @@ type client struct {
 func (l *Lab) startClient(ctx context.Context, binary string, h *Host, args ...string) (*client, error) {
 	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", h.Namespace, binary}, args...)...)
 	cmd.Env = append(os.Environ(), "TAPROCE_SOCKET="+l.Socket)
+	c, err := runClient(cmd, l.clientCPUs)
+	if err != nil {
+		return nil, fmt.Errorf("lab: %s %s: %w", binary, strings.Join(args, " "), err)
+	}
+	return c, nil
+}
+
+// runClient starts cmd on the processors cpus holds (nil: anywhere),
+// collecting its output, killed if this process dies.
+func runClient(cmd *exec.Cmd, cpus *cpulist.Set) (*client, error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	c := &client{cmd: cmd, done: make(chan error, 1)}
 	cmd.Stdout = &lockedWriter{c: c}
 	cmd.Stderr = &lockedWriter{c: c}
-	if err := startOn(cmd, l.clientCPUs); err != nil {
-		return nil, fmt.Errorf("lab: %s %s: %w", binary, strings.Join(args, " "), err)
+	if err := startOn(cmd, cpus); err != nil {
+		return nil, err
 	}
 	go func() { c.done <- cmd.Wait() }()
 	return c, nil
@@ -101,19 +113,76 @@ func (c *client) wait(timeout time.Duration) error {
 	}
 }
 
-// waitFor waits until the client's output matches re (a server says it
-// listens), or it ends.
-func (c *client) waitFor(re *regexp.Regexp, timeout time.Duration) bool {
+// waitListen waits until the client process listens on TCP port port in
+// the network namespace ns (it runs `ip netns exec ns ...`, which enters
+// ns before it runs the binary), or ends, or timeout passes.
+func (c *client) waitListen(ns string, port int, timeout time.Duration) error {
+	want, err := nsInode(netnsutil.Path(ns))
+	if err != nil {
+		return err
+	}
+	pid := c.cmd.Process.Pid
 	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		if re.MatchString(c.output()) {
-			return true
+	for {
+		// Only once the process is in ns does its /proc view of TCP
+		// sockets show ns's.
+		if in, err := nsInode(fmt.Sprintf("/proc/%d/ns/net", pid)); err == nil && in == want {
+			if ok, err := tcpListens(pid, port); err != nil {
+				return err
+			} else if ok {
+				return nil
+			}
 		}
 		select {
 		case err := <-c.done:
 			c.done <- err
-			return re.MatchString(c.output())
-		case <-time.After(20 * time.Millisecond):
+			return fmt.Errorf("ended before it listened on port %d (%v)", port, err)
+		case <-time.After(5 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not listening on port %d after %v", port, timeout)
+		}
+	}
+}
+
+// nsInode returns the inode of the namespace file at path.
+func nsInode(path string) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, fmt.Errorf("lab: %w", err)
+	}
+	return st.Ino, nil
+}
+
+// tcpListens reports whether a TCP socket listens on port in process
+// pid's network namespace, from /proc/<pid>/net/tcp and tcp6.
+func tcpListens(pid, port int) (bool, error) {
+	for _, f := range []string{"tcp", "tcp6"} {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/%s", pid, f))
+		if errors.Is(err, os.ErrNotExist) && f == "tcp6" {
+			continue // IPv6 disabled
+		} else if err != nil {
+			return false, fmt.Errorf("lab: %w", err)
+		}
+		if procTCPListens(b, port) {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// procTCPListens reports whether a /proc/net/tcp (or tcp6) table has a
+// socket in state LISTEN (0A) on local port port. Each row reads
+// "sl local_address rem_address st ...", the addresses as HEX:PORT.
+func procTCPListens(table []byte, port int) bool {
+	for _, line := range strings.Split(string(table), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 4 || f[3] != "0A" {
+			continue
+		}
+		i := strings.LastIndexByte(f[1], ':')
+		if p, err := strconv.ParseUint(f[1][i+1:], 16, 16); err == nil && int(p) == port {
+			return true
 		}
 	}
 	return false
@@ -125,18 +194,26 @@ func lastLine(s string) string {
 	return strings.TrimSpace(lines[len(lines)-1])
 }
 
-// pair runs a server in host b and then a client in host a that connects
-// to b's kernel address; it returns both outputs.
-func (l *Lab) pair(ctx context.Context, binary string, a, b *Host, server, clientArgs []string, ready *regexp.Regexp, timeout time.Duration) (srvOut, cliOut string, err error) {
+// exchangePort is the TCP port on which the `taproce pingpong` and
+// `taproce perf` servers the lab runs listen for their out-of-band
+// exchange: both tools' default, perftest's and ibv_rc_pingpong's 18515.
+const exchangePort = 18515
+
+// serverStart is how long pair waits for a server to listen.
+const serverStart = 20 * time.Second
+
+// pair runs a server in host b — the taproce pingpong or perf server,
+// listening on TCP port port for its out-of-band exchange — and, once it
+// listens, a client in host a that connects to b's kernel address; it
+// returns both outputs. A server whose client failed is stopped at once.
+func (l *Lab) pair(ctx context.Context, binary string, a, b *Host, server, clientArgs []string, port int, timeout time.Duration) (srvOut, cliOut string, err error) {
 	srv, err := l.startClient(ctx, binary, b, server...)
 	if err != nil {
 		return "", "", err
 	}
-	if ready != nil && !srv.waitFor(ready, 10*time.Second) {
+	if err := srv.waitListen(b.Namespace, port, serverStart); err != nil {
 		_ = srv.wait(time.Millisecond)
-		return srv.output(), "", fmt.Errorf("server did not start: %s", lastLine(srv.output()))
-	} else if ready == nil {
-		time.Sleep(300 * time.Millisecond) // the server listens; nothing says so
+		return srv.output(), "", fmt.Errorf("server did not start: %w: %s", err, lastLine(srv.output()))
 	}
 	cli, err := l.startClient(ctx, binary, a, append(clientArgs, b.KernelAddrs[0].Addr().String())...)
 	if err != nil {
@@ -144,7 +221,11 @@ func (l *Lab) pair(ctx context.Context, binary string, a, b *Host, server, clien
 		return srv.output(), "", err
 	}
 	cerr := cli.wait(timeout)
-	serr := srv.wait(timeout)
+	srvTimeout := timeout
+	if cerr != nil {
+		srvTimeout = time.Second // it may wait for a client that is gone
+	}
+	serr := srv.wait(srvTimeout)
 	if cerr != nil {
 		return srv.output(), cli.output(), fmt.Errorf("client: %w: %s", cerr, lastLine(cli.output()))
 	}
@@ -189,7 +270,7 @@ func verbsSteps(ctx context.Context, l *Lab, binary string) []Step {
 		start := time.Now()
 		srvArgs := append([]string{"pingpong", "-d", b.Device}, pp.args...)
 		cliArgs := append([]string{"pingpong", "-d", a.Device}, pp.args...)
-		_, out, err := l.pair(ctx, binary, a, b, srvArgs, cliArgs, nil, 60*time.Second)
+		_, out, err := l.pair(ctx, binary, a, b, srvArgs, cliArgs, exchangePort, 60*time.Second)
 		s := Step{Name: fmt.Sprintf("%s %s → %s", pp.name, a.Namespace, b.Namespace), Took: time.Since(start)}
 		m, n := itersRe.FindStringSubmatch(out), bytesRe.FindStringSubmatch(out)
 		switch {
@@ -306,7 +387,7 @@ func (l *Lab) perfPair(ctx context.Context, binary string, r perfRun) perfRow {
 	args := []string{"perf", r.test, "-x", "1", "-s", fmt.Sprint(r.size), "-n", fmt.Sprint(r.iters), "--json"}
 	srv := append(append([]string{}, args...), "-d", b.Device)
 	cli := append(append([]string{}, args...), "-d", a.Device)
-	_, out, err := l.pair(ctx, binary, a, b, srv, cli, nil, 120*time.Second)
+	_, out, err := l.pair(ctx, binary, a, b, srv, cli, exchangePort, 120*time.Second)
 	row := perfRow{run: r}
 	if err != nil {
 		row.detail = err.Error()

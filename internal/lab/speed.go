@@ -192,7 +192,7 @@ func (l *Lab) eventsPingPong(ctx context.Context, binary string, iters int) (tim
 	a, b := l.Hosts[0], l.Hosts[1]
 	args := []string{"-g", "1", "-n", fmt.Sprint(iters), "-s", "2", "-e"}
 	_, out, err := l.pair(ctx, binary, a, b, append([]string{"pingpong", "-d", b.Device}, args...),
-		append([]string{"pingpong", "-d", a.Device}, args...), nil, 120*time.Second)
+		append([]string{"pingpong", "-d", a.Device}, args...), exchangePort, 120*time.Second)
 	if err != nil {
 		return 0, fmt.Errorf("lab: pingpong -e: %w", err)
 	}

@@ -1,0 +1,135 @@
+package lab
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/taproce/taproce/internal/perf"
+	"github.com/taproce/taproce/internal/pingpong"
+	"github.com/taproce/taproce/internal/testnet"
+)
+
+// listenEnv makes this test binary, run as a helper process, listen on
+// TCP port "PORT" after "DELAY" (a time.Duration) and wait to be killed:
+// a server that starts slowly.
+const listenEnv = "TAPROCE_LAB_TEST_LISTEN"
+
+func TestMain(m *testing.M) {
+	if v := os.Getenv(listenEnv); v != "" {
+		port, delay, _ := strings.Cut(v, " ")
+		d, err := time.ParseDuration(delay)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		time.Sleep(d)
+		ln, err := net.Listen("tcp", ":"+port)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		defer ln.Close()
+		time.Sleep(time.Minute)
+		return
+	}
+	os.Exit(m.Run())
+}
+
+func TestExchangePort(t *testing.T) {
+	for tool, port := range map[string]int{"pingpong": pingpong.DefaultPort, "perf": perf.DefaultPort} {
+		if port != exchangePort {
+			t.Errorf("lab waits on port %d; %s listens on %d", exchangePort, tool, port)
+		}
+	}
+}
+
+func TestProcTCPListens(t *testing.T) {
+	const head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+	for _, c := range []struct {
+		name  string
+		table string
+		port  int
+		want  bool
+	}{
+		{"listening", head + "   0: 00000000:4853 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 112 1 0 100 0 0 10 0\n", 18515, true},
+		{"another port", head + "   0: 00000000:4854 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 112 1 0 100 0 0 10 0\n", 18515, false},
+		{"established, not listening", head + "   0: 0200370A:4853 6600370A:D431 01 00000000:00000000 00:00000000 00000000     0        0 113 1 0 100 0 0 10 0\n", 18515, false},
+		{"tcp6", "  sl  local_address                         remote_address                        st\n" +
+			"   0: 00000000000000000000000000000000:4853 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 114 1 0\n", 18515, true},
+		{"header only", head, 18515, false},
+		{"empty", "", 18515, false},
+		{"garbage", "x y z 0A\n: : 0A\n", 18515, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := procTCPListens([]byte(c.table), c.port); got != c.want {
+				t.Errorf("procTCPListens(port %d) = %v, want %v", c.port, got, c.want)
+			}
+		})
+	}
+}
+
+// TestWaitListen: a server is waited for until it listens in its own
+// namespace — however slowly it starts — and a server that ends or never
+// listens on the port is an error, not a hang.
+func TestWaitListen(t *testing.T) {
+	ns, _ := testnet.Namespace(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const port = 18515
+	for _, c := range []struct {
+		name    string
+		env     string
+		timeout time.Duration
+		ok      bool
+	}{
+		{"slow start", fmt.Sprintf("%d 700ms", port), 20 * time.Second, true},
+		{"another port", fmt.Sprintf("%d 0s", port+1), time.Second, false},
+		{"ends", "bad", 20 * time.Second, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cmd := exec.Command("ip", "netns", "exec", ns, self, "-test.run=^$")
+			cmd.Env = append(os.Environ(), listenEnv+"="+c.env)
+			cl, err := runClient(cmd, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.wait(time.Millisecond)
+			start := time.Now()
+			err = cl.waitListen(ns, port, c.timeout)
+			if (err == nil) != c.ok {
+				t.Fatalf("waitListen: %v (output %q)", err, cl.output())
+			}
+			if c.ok && time.Since(start) < 700*time.Millisecond {
+				t.Errorf("listening after %v, before the server listened", time.Since(start))
+			}
+			if !c.ok && time.Since(start) > c.timeout+5*time.Second {
+				t.Errorf("took %v", time.Since(start))
+			}
+			t.Logf("%v after %v", err, time.Since(start))
+		})
+	}
+	// A listener on the port outside the namespace does not count.
+	ln, err := net.Listen("tcp", ":"+strconv.Itoa(port))
+	if err != nil {
+		t.Skipf("port %d in use here: %v", port, err)
+	}
+	defer ln.Close()
+	cmd := exec.Command("ip", "netns", "exec", ns, self, "-test.run=^$")
+	cmd.Env = append(os.Environ(), listenEnv+"="+fmt.Sprintf("%d 1h", port))
+	cl, err := runClient(cmd, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.wait(time.Millisecond)
+	if err := cl.waitListen(ns, port, 500*time.Millisecond); err == nil {
+		t.Error("a listener in another namespace was taken for the server")
+	}
+}
