@@ -13,6 +13,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // Dir is where `ip netns` keeps its named namespaces.
@@ -65,8 +66,12 @@ func Do(path string, fn func(h *netlink.Handle) error) error {
 }
 
 // Create creates a named network namespace, as `ip netns add` does,
-// without leaving the calling thread in it.
+// without leaving the calling thread in it. Like `ip netns add`, it first
+// makes Dir a shared mount point of its own (prepareDir).
 func Create(name string) error {
+	if err := prepareDir(); err != nil {
+		return err
+	}
 	runtime.LockOSThread()
 	orig, err := netns.Get()
 	if err != nil {
@@ -87,6 +92,41 @@ func Create(name string) error {
 	}
 	runtime.UnlockOSThread()
 	return nil
+}
+
+// prepareDir makes Dir a mount point of its own with shared propagation,
+// as `ip netns add` does before it binds a namespace there (iproute2's
+// netns_add: make it shared; when that fails with EINVAL, Dir is no mount
+// point: bind it onto itself, then make it shared). A namespace file bound
+// into a plain Dir would be hidden, still mounted, under the bind that the
+// next `ip netns add` makes of Dir; deleting the name then unmounts only
+// the bind's copy, and the file stays, busy, for good. Processes of this
+// module take a lock on Dir for it, so that two of them do not both bind.
+func prepareDir() error {
+	if err := os.MkdirAll(Dir, 0o755); err != nil {
+		return fmt.Errorf("network namespaces: %w", err)
+	}
+	dir, err := os.Open(Dir)
+	if err != nil {
+		return fmt.Errorf("network namespaces: %w", err)
+	}
+	defer dir.Close()
+	if err := unix.Flock(int(dir.Fd()), unix.LOCK_EX); err != nil {
+		return fmt.Errorf("network namespaces: lock %s: %w", Dir, err)
+	}
+	defer unix.Flock(int(dir.Fd()), unix.LOCK_UN) //nolint:errcheck // closing unlocks too
+	for bound := false; ; bound = true {
+		err := unix.Mount("", Dir, "none", unix.MS_SHARED|unix.MS_REC, "")
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, unix.EINVAL) || bound {
+			return fmt.Errorf("network namespaces: make %s shared: %w", Dir, err)
+		}
+		if err := unix.Mount(Dir, Dir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("network namespaces: bind %s onto itself: %w", Dir, err)
+		}
+	}
 }
 
 // Delete removes a named namespace; a missing one is not an error.

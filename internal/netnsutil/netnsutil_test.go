@@ -1,11 +1,17 @@
 package netnsutil
 
 import (
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 func TestNamespaceLifecycle(t *testing.T) {
@@ -51,4 +57,95 @@ func TestNamespaceLifecycle(t *testing.T) {
 	if err := Do(Path(name), func(*netlink.Handle) error { return nil }); err == nil {
 		t.Fatal("Do in a deleted namespace succeeded")
 	}
+}
+
+// TestCreateBesideIPNetns: a namespace Create made before the first
+// `ip netns add` can be deleted after it. Run where Dir was no mount
+// point yet (a mount namespace of its own, Dir's mount undone there),
+// Create must leave Dir a shared mount point, as iproute2 does; when it
+// bound the namespace into the plain directory, the bind iproute2 then
+// makes of Dir hid that mount, and Delete left a busy file behind.
+func TestCreateBesideIPNetns(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for network and mount namespaces; run the tests as root to include it")
+	}
+	ipPath, err := exec.LookPath("ip")
+	if err != nil {
+		t.Skip("no ip command (iproute2): scripts/setup installs it")
+	}
+	prefix := fmt.Sprintf("tpt-nsutil-%d-", os.Getpid())
+	ours, theirs := prefix+"ours", prefix+"ip"
+	// What a failure leaves in the shared directory is a plain file here.
+	defer os.Remove(Path(ours))
+	errc := make(chan error, 1)
+	go func() {
+		// This thread's mount namespace becomes its own; it is never
+		// unlocked, so it ends with the goroutine.
+		runtime.LockOSThread()
+		errc <- func() error {
+			if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+				return fmt.Errorf("unshare: %w", err)
+			}
+			if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+				return fmt.Errorf("make / private: %w", err)
+			}
+			for unix.Unmount(Dir, unix.MNT_DETACH) == nil {
+			}
+			if err := Create(ours); err != nil {
+				return err
+			}
+			defer os.Remove(Path(ours))
+			shared, err := sharedMount(Dir)
+			if err != nil {
+				return err
+			}
+			if !shared {
+				return fmt.Errorf("after Create, %s is no shared mount point", Dir)
+			}
+			for _, args := range [][]string{{"netns", "add", theirs}, {"netns", "delete", theirs}} {
+				if out, err := exec.Command(ipPath, args...).CombinedOutput(); err != nil {
+					return fmt.Errorf("ip %v: %w: %s", args, err, out)
+				}
+			}
+			if err := Delete(ours); err != nil {
+				return err
+			}
+			if _, err := os.Stat(Path(ours)); !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("after Delete, %s is still there (%v)", Path(ours), err)
+			}
+			return nil
+		}()
+	}()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// sharedMount reports whether path is a mount point with shared
+// propagation in the calling thread's mount namespace.
+func sharedMount(path string) (bool, error) {
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return false, err
+	}
+	b, err := os.ReadFile("/proc/thread-self/mountinfo")
+	if err != nil {
+		return false, err
+	}
+	found, shared := false, false
+	for _, line := range strings.Split(string(b), "\n") {
+		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - ...
+		f := strings.Fields(line)
+		if len(f) < 6 || f[4] != real {
+			continue
+		}
+		found, shared = true, false // the last mount on the path is the visible one
+		for _, o := range f[6:] {
+			if o == "-" {
+				break
+			}
+			shared = shared || strings.HasPrefix(o, "shared:")
+		}
+	}
+	return found && shared, nil
 }
