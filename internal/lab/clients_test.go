@@ -79,10 +79,6 @@ func TestProcTCPListens(t *testing.T) {
 // listens on the port is an error, not a hang.
 func TestWaitListen(t *testing.T) {
 	ns, _ := testnet.Namespace(t)
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	const port = 18515
 	for _, c := range []struct {
 		name    string
@@ -95,15 +91,9 @@ func TestWaitListen(t *testing.T) {
 		{"ends", "bad", 20 * time.Second, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			cmd := exec.Command("ip", "netns", "exec", ns, self, "-test.run=^$")
-			cmd.Env = append(os.Environ(), listenEnv+"="+c.env)
-			cl, err := runClient(cmd, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer cl.wait(time.Millisecond)
+			cl := startListener(t, ns, c.env)
 			start := time.Now()
-			err = cl.waitListen(ns, port, c.timeout)
+			err := cl.waitListen(ns, port, c.timeout)
 			if (err == nil) != c.ok {
 				t.Fatalf("waitListen: %v (output %q)", err, cl.output())
 			}
@@ -122,14 +112,26 @@ func TestWaitListen(t *testing.T) {
 		t.Skipf("port %d in use here: %v", port, err)
 	}
 	defer ln.Close()
+	cl := startListener(t, ns, fmt.Sprintf("%d 1h", port))
+	if err := cl.waitListen(ns, port, 500*time.Millisecond); err == nil {
+		t.Error("a listener in another namespace was taken for the server")
+	}
+}
+
+// startListener runs this test binary in namespace ns as a helper that
+// listens as env (listenEnv) says; it is killed when the test ends.
+func startListener(t *testing.T, ns, env string) *client {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
 	cmd := exec.Command("ip", "netns", "exec", ns, self, "-test.run=^$")
-	cmd.Env = append(os.Environ(), listenEnv+"="+fmt.Sprintf("%d 1h", port))
+	cmd.Env = append(os.Environ(), listenEnv+"="+env)
 	cl, err := runClient(cmd, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cl.wait(time.Millisecond)
-	if err := cl.waitListen(ns, port, 500*time.Millisecond); err == nil {
-		t.Error("a listener in another namespace was taken for the server")
-	}
+	t.Cleanup(func() { _ = cl.wait(time.Millisecond) })
+	return cl
 }

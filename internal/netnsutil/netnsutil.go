@@ -110,11 +110,10 @@ func prepareDir() error {
 	if err != nil {
 		return fmt.Errorf("network namespaces: %w", err)
 	}
-	defer dir.Close()
+	defer dir.Close() // and unlocks
 	if err := unix.Flock(int(dir.Fd()), unix.LOCK_EX); err != nil {
 		return fmt.Errorf("network namespaces: lock %s: %w", Dir, err)
 	}
-	defer unix.Flock(int(dir.Fd()), unix.LOCK_UN) //nolint:errcheck // closing unlocks too
 	for bound := false; ; bound = true {
 		err := unix.Mount("", Dir, "none", unix.MS_SHARED|unix.MS_REC, "")
 		if err == nil {
