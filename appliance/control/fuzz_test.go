@@ -66,7 +66,8 @@ func FuzzControl(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ss.dev = dev
+		ss.dev = dev // as open leaves them, without its doorbell and poller
+		ss.opened.Store(dev)
 		// The usual start: a PD, a CQ, a QP; then the fuzzer's requests.
 		msgs := [][]byte{seedMsg(abi.OpAllocPD, nil), seedMsg(abi.OpCreateCQ, &abi.CreateCQRequest{Depth: 8}),
 			seedMsg(abi.OpCreateQP, &abi.CreateQPRequest{PD: 1, SendCQ: 2, RecvCQ: 2, Type: 2, Caps: abi.QPCaps{MaxSendWR: 4, MaxRecvWR: 4}}), a, b}
