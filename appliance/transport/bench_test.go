@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"math"
 	"net/netip"
 	"testing"
 	"time"
@@ -44,12 +45,16 @@ func (p *ringPort) Send(frames [][]byte) {
 
 // pump delivers everything queued on both sides; it reports whether it
 // delivered anything.
-func pump(ps ...*ringPort) bool {
-	any := false
-	for again := true; again; {
+func pump(ps ...*ringPort) bool { return pumpAtMost(math.MaxInt, ps...) > 0 }
+
+// pumpAtMost is pump that stops after limit frames; it returns how many
+// it delivered.
+func pumpAtMost(limit int, ps ...*ringPort) int {
+	n := 0
+	for again := true; again && n < limit; {
 		again = false
 		for _, p := range ps {
-			for p.in.n > 0 {
+			for p.in.n > 0 && n < limit {
 				i := p.in.head
 				f := p.in.slots[i][:p.in.lens[i]]
 				p.in.head = (p.in.head + 1) % len(p.in.slots)
@@ -57,11 +62,12 @@ func pump(ps ...*ringPort) bool {
 				if roce.Parse(f, &p.pkt) == nil {
 					p.eng.Receive(f, &p.pkt)
 				}
-				again, any = true, true
+				again = true
+				n++
 			}
 		}
 	}
-	return any
+	return n
 }
 
 type ringPair struct {
@@ -73,9 +79,11 @@ type ringPair struct {
 	backingB       []byte // bufb with a guard zone on each side (its size, at most 1 MiB)
 }
 
-func newRingPair(tb testing.TB, size int) *ringPair { return newRingPairSlots(tb, size, 1024) }
+func newRingPair(tb testing.TB, size int) *ringPair { return newRingPairSized(tb, size, 1024, 4096) }
 
-func newRingPairSlots(tb testing.TB, size, slots int) *ringPair {
+// newRingPairSized is newRingPair with slots frames in flight each way
+// and queue pairs of depth work requests (completion queues of 16×depth).
+func newRingPairSized(tb testing.TB, size, slots, depth int) *ringPair {
 	now := func() time.Time { return time.Unix(1000, 0) }
 	mk := func(last byte) *ringPort {
 		p := &ringPort{mac: roce.MAC{2, 0, 0, 0, 0, last}, ip: netip.AddrFrom4([4]byte{10, 55, 0, last})}
@@ -97,8 +105,8 @@ func newRingPairSlots(tb testing.TB, size, slots int) *ringPair {
 		var err error
 		*mr, err = p.eng.Memory().Register(pd, base, *buf, AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead|AccessRemoteAtomic)
 		must(tb, err)
-		*cq, *rcq = NewCQ(1<<16, nil), NewCQ(1<<16, nil)
-		q, err := p.eng.CreateQP(QPConfig{Type: RC, PD: pd, SendCQ: *cq, RecvCQ: *rcq, MaxSendWR: 4096, MaxRecvWR: 4096, MaxInline: 64})
+		*cq, *rcq = NewCQ(16*depth, nil), NewCQ(16*depth, nil)
+		q, err := p.eng.CreateQP(QPConfig{Type: RC, PD: pd, SendCQ: *cq, RecvCQ: *rcq, MaxSendWR: depth, MaxRecvWR: depth, MaxInline: 64})
 		must(tb, err)
 		return q
 	}
