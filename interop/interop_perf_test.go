@@ -181,24 +181,18 @@ func (r *perfRig) command(ctx context.Context, args ...string) *exec.Cmd {
 
 // waitListening waits until a socket listens on TCP port in Namespace.
 func waitListening(ctx context.Context, port int) error {
-	want := fmt.Sprintf(":%04X 00000000:0000 0A ", port)
 	for {
-		var tcp []byte
-		err := netnsutil.Do(netnsutil.Path(Namespace), func(*netlink.Handle) error {
-			var err error
-			tcp, err = os.ReadFile("/proc/thread-self/net/tcp")
-			return err
-		})
+		ok, err := netnsutil.Listening(netnsutil.Path(Namespace), port)
 		if err != nil {
 			return fmt.Errorf("interop: %w", err)
 		}
-		if bytes.Contains(tcp, []byte(want)) {
+		if ok {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("interop: nothing listens on port %d in %s: %w", port, Namespace, ctx.Err())
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(20 * time.Millisecond):
 		}
 	}
 }

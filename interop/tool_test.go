@@ -220,16 +220,25 @@ func toolVMClient(t *testing.T, p *Peer, side toolSide, c ppCase) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
-	// It listens right after printing its address.
-	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(out.String(), "local address:"); {
-		if time.Now().After(deadline) {
-			cancel()
-			<-done
-			t.Fatalf("taproce pingpong server did not start:\n%s%s", out.String(), errOut.String())
+	// It prints its address, then listens.
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	var err error
+	for !strings.Contains(out.String(), "local address:") && err == nil {
+		select {
+		case <-wctx.Done():
+			err = wctx.Err()
+		case <-time.After(20 * time.Millisecond):
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
-	time.Sleep(100 * time.Millisecond)
+	if err == nil {
+		err = waitListening(wctx, DefaultPingpongPort)
+	}
+	wcancel()
+	if err != nil {
+		cancel()
+		<-done
+		t.Fatalf("taproce pingpong server did not start: %v\n%s%s", err, out.String(), errOut.String())
+	}
 	vmCmd := fmt.Sprintf("timeout 90 %s %s -c %s", c.tool(), c.args(), HostIP)
 	vmOut, vmErr, err := p.Exec(ctx, withCounters(vmCmd))
 	before, vmOut, after, ok := splitCounters(vmOut)

@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"regexp"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -113,25 +112,16 @@ func (c *client) wait(timeout time.Duration) error {
 	}
 }
 
-// waitListen waits until the client process listens on TCP port port in
-// the network namespace ns (it runs `ip netns exec ns ...`, which enters
-// ns before it runs the binary), or ends, or timeout passes.
+// waitListen waits until something listens on TCP port port in the
+// network namespace ns (the client is a server there), or the client
+// ends, or timeout passes.
 func (c *client) waitListen(ns string, port int, timeout time.Duration) error {
-	want, err := nsInode(netnsutil.Path(ns))
-	if err != nil {
-		return err
-	}
-	pid := c.cmd.Process.Pid
 	deadline := time.Now().Add(timeout)
 	for {
-		// Only once the process is in ns does its /proc view of TCP
-		// sockets show ns's.
-		if in, err := nsInode(fmt.Sprintf("/proc/%d/ns/net", pid)); err == nil && in == want {
-			if ok, err := tcpListens(pid, port); err != nil {
-				return err
-			} else if ok {
-				return nil
-			}
+		if ok, err := netnsutil.Listening(netnsutil.Path(ns), port); err != nil {
+			return fmt.Errorf("lab: %w", err)
+		} else if ok {
+			return nil
 		}
 		select {
 		case err := <-c.done:
@@ -143,49 +133,6 @@ func (c *client) waitListen(ns string, port int, timeout time.Duration) error {
 			return fmt.Errorf("not listening on port %d after %v", port, timeout)
 		}
 	}
-}
-
-// nsInode returns the inode of the namespace file at path.
-func nsInode(path string) (uint64, error) {
-	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
-		return 0, fmt.Errorf("lab: %w", err)
-	}
-	return st.Ino, nil
-}
-
-// tcpListens reports whether a TCP socket listens on port in process
-// pid's network namespace, from /proc/<pid>/net/tcp and tcp6.
-func tcpListens(pid, port int) (bool, error) {
-	for _, f := range []string{"tcp", "tcp6"} {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/%s", pid, f))
-		if errors.Is(err, os.ErrNotExist) && f == "tcp6" {
-			continue // IPv6 disabled
-		} else if err != nil {
-			return false, fmt.Errorf("lab: %w", err)
-		}
-		if procTCPListens(b, port) {
-			return true, nil
-		}
-	}
-	return false, nil
-}
-
-// procTCPListens reports whether a /proc/net/tcp (or tcp6) table has a
-// socket in state LISTEN (0A) on local port port. Each row reads
-// "sl local_address rem_address st ...", the addresses as HEX:PORT.
-func procTCPListens(table []byte, port int) bool {
-	for _, line := range strings.Split(string(table), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 4 || f[3] != "0A" {
-			continue
-		}
-		i := strings.LastIndexByte(f[1], ':')
-		if p, err := strconv.ParseUint(f[1][i+1:], 16, 16); err == nil && int(p) == port {
-			return true
-		}
-	}
-	return false
 }
 
 // lastLine returns the last non-empty line of s.

@@ -49,31 +49,6 @@ func TestExchangePort(t *testing.T) {
 	}
 }
 
-func TestProcTCPListens(t *testing.T) {
-	const head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
-	for _, c := range []struct {
-		name  string
-		table string
-		port  int
-		want  bool
-	}{
-		{"listening", head + "   0: 00000000:4853 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 112 1 0 100 0 0 10 0\n", 18515, true},
-		{"another port", head + "   0: 00000000:4854 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 112 1 0 100 0 0 10 0\n", 18515, false},
-		{"established, not listening", head + "   0: 0200370A:4853 6600370A:D431 01 00000000:00000000 00:00000000 00000000     0        0 113 1 0 100 0 0 10 0\n", 18515, false},
-		{"tcp6", "  sl  local_address                         remote_address                        st\n" +
-			"   0: 00000000000000000000000000000000:4853 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 114 1 0\n", 18515, true},
-		{"header only", head, 18515, false},
-		{"empty", "", 18515, false},
-		{"garbage", "x y z 0A\n: : 0A\n", 18515, false},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			if got := procTCPListens([]byte(c.table), c.port); got != c.want {
-				t.Errorf("procTCPListens(port %d) = %v, want %v", c.port, got, c.want)
-			}
-		})
-	}
-}
-
 // TestWaitListen: a server is waited for until it listens in its own
 // namespace — however slowly it starts — and a server that ends or never
 // listens on the port is an error, not a hang.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 
 	"github.com/vishvananda/netlink"
@@ -153,6 +154,49 @@ func List(prefix string) ([]string, error) {
 		}
 	}
 	return names, nil
+}
+
+// Listening reports whether a TCP socket listens on port in the
+// namespace at path (the caller's own when path is empty), from the
+// namespace's /proc/net/tcp and tcp6.
+func Listening(path string, port int) (bool, error) {
+	found := false
+	err := Do(path, func(*netlink.Handle) error {
+		for _, f := range []string{"tcp", "tcp6"} {
+			b, err := os.ReadFile("/proc/thread-self/net/" + f)
+			if errors.Is(err, os.ErrNotExist) && f == "tcp6" {
+				continue // IPv6 disabled
+			} else if err != nil {
+				return err
+			}
+			if procTCPListens(b, port) {
+				found = true
+				return nil
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("listening sockets in %s: %w", path, err)
+	}
+	return found, nil
+}
+
+// procTCPListens reports whether a /proc/net/tcp (or tcp6) table has a
+// socket in state LISTEN (0A) on local port port. Each row reads
+// "sl local_address rem_address st ...", the addresses as HEX:PORT.
+func procTCPListens(table []byte, port int) bool {
+	for _, line := range strings.Split(string(table), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 4 || f[3] != "0A" {
+			continue
+		}
+		i := strings.LastIndexByte(f[1], ':')
+		if p, err := strconv.ParseUint(f[1][i+1:], 16, 16); err == nil && int(p) == port {
+			return true
+		}
+	}
+	return false
 }
 
 // WriteSysctl writes value to a /proc/sys path. Inside Do, per-namespace

@@ -3,6 +3,7 @@ package netnsutil
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -148,4 +149,67 @@ func sharedMount(path string) (bool, error) {
 		}
 	}
 	return found && shared, nil
+}
+
+func TestProcTCPListens(t *testing.T) {
+	const head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+	for _, c := range []struct {
+		name  string
+		table string
+		port  int
+		want  bool
+	}{
+		{"listening", head + "   0: 00000000:4853 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 112 1 0 100 0 0 10 0\n", 18515, true},
+		{"another port", head + "   0: 00000000:4854 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 112 1 0 100 0 0 10 0\n", 18515, false},
+		{"established, not listening", head + "   0: 0200370A:4853 6600370A:D431 01 00000000:00000000 00:00000000 00000000     0        0 113 1 0 100 0 0 10 0\n", 18515, false},
+		{"tcp6", "  sl  local_address                         remote_address                        st\n" +
+			"   0: 00000000000000000000000000000000:4853 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 114 1 0\n", 18515, true},
+		{"header only", head, 18515, false},
+		{"empty", "", 18515, false},
+		{"garbage", "x y z 0A\n: : 0A\n", 18515, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := procTCPListens([]byte(c.table), c.port); got != c.want {
+				t.Errorf("procTCPListens(port %d) = %v, want %v", c.port, got, c.want)
+			}
+		})
+	}
+}
+
+// TestListening: a socket listening in a namespace is seen there and not
+// from outside it, and no longer once it is closed.
+func TestListening(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for network namespaces; run the tests as root to include it")
+	}
+	name := fmt.Sprintf("tpt-nsutil-%d-listen", os.Getpid())
+	if err := Create(name); err != nil {
+		t.Fatal(err)
+	}
+	defer Delete(name)
+	var ln net.Listener
+	err := Do(Path(name), func(*netlink.Handle) error {
+		var err error
+		ln, err = net.Listen("tcp", "127.0.0.1:0")
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	for _, c := range []struct {
+		path string
+		want bool
+	}{{Path(name), true}, {"", false}} {
+		if got, err := Listening(c.path, port); err != nil || got != c.want {
+			t.Errorf("Listening(%q, %d) = %v, %v; want %v", c.path, port, got, err, c.want)
+		}
+	}
+	ln.Close()
+	if got, err := Listening(Path(name), port); err != nil || got {
+		t.Errorf("after Close: Listening = %v, %v", got, err)
+	}
+	if _, err := Listening(Path(name+"-none"), port); err == nil {
+		t.Error("Listening in a namespace that does not exist: no error")
+	}
 }
