@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"slices"
@@ -153,8 +154,12 @@ func prevResult(conf *NetConf, cmd string) (*current.Result, error) {
 
 // podIPs returns the addresses prevResult gives the sandbox interface
 // ifName; when it names no interfaces (results before CNI 0.3.0), all
-// its addresses.
-func podIPs(res *current.Result, ifName string) []netip.Prefix {
+// its addresses. An IPv4-mapped IPv6 address counts as the IPv4 address
+// it maps. An address it cannot turn into a prefix — no IP, a mask that
+// is not a prefix length, an IPv4-mapped address with a prefix shorter
+// than /96 — is a CNI error (ErrInvalidNetworkConfig) naming it, rather
+// than a prefix the appliance would refuse without saying why.
+func podIPs(res *current.Result, ifName string) ([]netip.Prefix, error) {
 	idx := -1
 	for i, in := range res.Interfaces {
 		if in.Name == ifName && in.Sandbox != "" {
@@ -166,20 +171,56 @@ func podIPs(res *current.Result, ifName string) []netip.Prefix {
 		if idx >= 0 && (ip.Interface == nil || *ip.Interface != idx) {
 			continue
 		}
-		a, ok := netip.AddrFromSlice(ip.Address.IP)
-		if !ok {
-			continue
+		p, err := ipPrefix(ip.Address)
+		if err != nil {
+			return nil, types.NewError(types.ErrInvalidNetworkConfig,
+				fmt.Sprintf("taproce-cni: prevResult address %q: %v", addrText(ip.Address), err),
+				"the pod's addresses become the port's GIDs; fix the plugin that assigns them")
 		}
-		if a.Is4In6() {
-			a = a.Unmap()
-		}
-		bits, _ := ip.Address.Mask.Size()
-		if a.Is4() && len(ip.Address.Mask) == 16 {
-			bits -= 96
-		}
-		out = append(out, netip.PrefixFrom(a, bits))
+		out = append(out, p)
 	}
-	return out
+	return out, nil
+}
+
+// addrText writes a prevResult address as the configuration gave it
+// (net.IPNet's String writes an IPv4-mapped address with an IPv6 mask as
+// an IPv4 one).
+func addrText(n net.IPNet) string {
+	a, ok := netip.AddrFromSlice(n.IP)
+	if !ok {
+		return n.String()
+	}
+	ones, bits := n.Mask.Size()
+	if bits == 32 {
+		a = a.Unmap()
+	}
+	if bits == 0 {
+		return fmt.Sprintf("%s mask %s", a, n.Mask)
+	}
+	return fmt.Sprintf("%s/%d", a, ones)
+}
+
+// ipPrefix turns a prevResult address into a prefix; an IPv4-mapped
+// address becomes its IPv4 address with the prefix length less 96.
+func ipPrefix(n net.IPNet) (netip.Prefix, error) {
+	a, ok := netip.AddrFromSlice(n.IP)
+	if !ok {
+		return netip.Prefix{}, errors.New("no IP address")
+	}
+	ones, bits := n.Mask.Size()
+	if bits == 0 || bits != len(n.IP)*8 && !(bits == 32 && len(n.IP) == net.IPv6len && a.Is4In6()) {
+		return netip.Prefix{}, fmt.Errorf("mask %s is not a prefix length for this address", n.Mask)
+	}
+	if a.Is4In6() {
+		a = a.Unmap()
+		if bits == 128 {
+			if ones < 96 {
+				return netip.Prefix{}, fmt.Errorf("an IPv4-mapped address needs a prefix of /96 or longer, not /%d", ones)
+			}
+			ones -= 96
+		}
+	}
+	return netip.PrefixFrom(a, ones), nil
 }
 
 // Add attaches a port to the pod and adds its interface to the result.
@@ -192,7 +233,10 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	ips := podIPs(res, args.IfName)
+	ips, err := podIPs(res, args.IfName)
+	if err != nil {
+		return err
+	}
 	if len(ips) == 0 {
 		return types.NewError(types.ErrInvalidNetworkConfig,
 			fmt.Sprintf("taproce-cni: prevResult has no IP address for %s; taproce uses the pod's IPs as its GIDs", args.IfName),
@@ -275,7 +319,11 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	case !strings.EqualFold(res.Interfaces[i].Mac, att.MAC):
 		problems = append(problems, fmt.Sprintf("the result gives %s MAC %s, the port has %s", att.PortName, res.Interfaces[i].Mac, att.MAC))
 	}
-	for _, ip := range podIPs(res, args.IfName) {
+	ips, err := podIPs(res, args.IfName)
+	if err != nil {
+		return err
+	}
+	for _, ip := range ips {
 		if !slices.Contains(att.GIDs, netip.AddrFrom16(ip.Addr().As16())) && !slices.Contains(att.GIDs, ip.Addr()) {
 			problems = append(problems, fmt.Sprintf("the pod's address %v is not a GID of the port", ip.Addr()))
 		}

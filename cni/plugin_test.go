@@ -151,6 +151,8 @@ func TestAdd(t *testing.T) {
 		{name: "no IPs", stdin: conf("1.1.0", sock, `{"cniVersion":"1.1.0","interfaces":[{"name":"eth0","sandbox":"/x"}]}`),
 			wantCode: types.ErrInvalidNetworkConfig, wantMsg: "no IP address for eth0"},
 		{name: "bad JSON", stdin: []byte(`{"cniVersion":`), wantCode: types.ErrDecodingFailure},
+		{name: "unusable address", stdin: conf("1.1.0", sock, `{"cniVersion":"1.1.0","interfaces":[{"name":"eth0","sandbox":"/x"}],"ips":[{"address":"::ffff:10.1.0.5/64","interface":0}]}`),
+			wantCode: types.ErrInvalidNetworkConfig, wantMsg: `"::ffff:10.1.0.5/64": an IPv4-mapped address`},
 		{name: "appliance down", stdin: conf("1.1.0", down, prev100), wantCode: types.ErrTryAgainLater, wantMsg: "DaemonSet"},
 		{name: "conflict", stdin: conf("1.1.0", sock, prev100), err: admin.ErrConflict, wantCode: CodeConflict},
 		{name: "netns gone", stdin: conf("1.1.0", sock, prev100), err: admin.ErrNetnsGone, wantCode: types.ErrInvalidNetNS},
