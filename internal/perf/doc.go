@@ -11,7 +11,9 @@
 //  1. version: 16 bytes, the version string NUL-padded ("6.06");
 //  2. system data (when the peer's version is at least 5.32): the page
 //     size ("cycle buffer") and the cache line size, 4-byte big-endian
-//     ints; both sides take the larger;
+//     ints; both sides take the larger, and sizes the buffer layout
+//     cannot use (not powers of two, a cache line beyond the page, a page
+//     over 1 MiB) end the exchange with ErrProtocol;
 //  3. MTU: 2 bytes, the enum ibv_mtu as "%d" ("3\0" for 1024); both sides
 //     take the smaller;
 //  4. keys: 108 bytes per QP, "%04x:%04x:%06x:%06x:%08x:%016llx:" then

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/bits"
 	"net"
 	"strconv"
 	"strings"
@@ -222,8 +223,15 @@ func (o *oob) exchangeVersions() error {
 	return nil
 }
 
+// maxCycle is the largest page size (cycle buffer) sysData accepts from
+// a peer: 64 KiB pages are the largest perftest runs with in practice.
+const maxCycle = 1 << 20
+
 // sysData is check_sys_data: both sides take the larger page size (the
-// cycle buffer) and cache line size.
+// cycle buffer) and cache line size. Sizes perftest would choke on — not
+// powers of two, a cache line larger than the page (the buffer layout
+// counts cache-line steps per page, and perftest divides by that count),
+// a page over maxCycle — are the peer's protocol error.
 func (o *oob) sysData(cycle, cacheLine int) (int, int, error) {
 	if versionNumber(o.remVersion) < sysDataVersion {
 		return cycle, cacheLine, nil
@@ -236,6 +244,9 @@ func (o *oob) sysData(cycle, cacheLine int) (int, int, error) {
 			return 0, 0, err
 		}
 		out[i] = max(v, int(int32(binary.BigEndian.Uint32(rem))))
+	}
+	if c, l := out[0], out[1]; bits.OnesCount(uint(c)) != 1 || bits.OnesCount(uint(l)) != 1 || l > c || c > maxCycle {
+		return 0, 0, fmt.Errorf("%w: page size %d and cache line size %d agreed with the peer: want powers of two, the cache line no larger than the page, the page at most %d", ErrProtocol, c, l, maxCycle)
 	}
 	return out[0], out[1], nil
 }
