@@ -145,3 +145,26 @@ func TestSysData(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseDest: perftest keys from the peer parse or are an
+// ErrProtocol, and what parses comes out of Marshal and ParseDest again
+// unchanged, with and without the GID.
+func FuzzParseDest(f *testing.F) {
+	d := Dest{LID: 1, OutReads: 16, QPN: 0x11, PSN: 0x222, RKey: 0x3333, VAddr: 0x7f0000001000, GID: [16]byte{10: 0xff, 11: 0xff, 12: 10, 15: 2}, SRQN: 7}
+	f.Add(d.Marshal(true), true)
+	f.Add(d.Marshal(false), false)
+	f.Add([]byte("0000:0000:1000000:000222:00003333:00007f0000001000:00000000"), false)
+	f.Fuzz(func(t *testing.T, msg []byte, withGID bool) {
+		d, err := ParseDest(msg, withGID)
+		if err != nil {
+			if !errors.Is(err, ErrProtocol) {
+				t.Fatalf("ParseDest(%q): %v is not an ErrProtocol", msg, err)
+			}
+			return
+		}
+		again, err := ParseDest(d.Marshal(withGID), withGID)
+		if err != nil || again != d {
+			t.Fatalf("ParseDest(%q) = %+v; marshalled and parsed again: %+v, %v", msg, d, again, err)
+		}
+	})
+}

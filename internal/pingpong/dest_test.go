@@ -207,3 +207,25 @@ func TestDest(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseDest: an address message from the peer parses or is an
+// ErrDest, and what parses comes out of Marshal and ParseDest again
+// unchanged.
+func FuzzParseDest(f *testing.F) {
+	f.Add(Dest{LID: 1, QPN: 0x11, PSN: 0x222, GID: [16]byte{10: 0xff, 11: 0xff, 12: 10, 15: 1}}.Marshal())
+	f.Add([]byte("0000:000011:000222:"))
+	f.Add([]byte("0000:1000000:000222:00000000000000000000ffff0a000001\x00"))
+	f.Fuzz(func(t *testing.T, msg []byte) {
+		d, err := ParseDest(msg)
+		if err != nil {
+			if !errors.Is(err, ErrDest) {
+				t.Fatalf("ParseDest(%q): %v is not an ErrDest", msg, err)
+			}
+			return
+		}
+		again, err := ParseDest(d.Marshal())
+		if err != nil || again != d {
+			t.Fatalf("ParseDest(%q) = %+v; marshalled and parsed again: %+v, %v", msg, d, again, err)
+		}
+	})
+}
