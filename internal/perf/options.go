@@ -205,7 +205,9 @@ func parseSize(v string) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("perf: message size %q: %w", v, err)
 	}
-	if n*int64(f) < 1 || n*int64(f) > 1<<31-1 {
+	// Bounded before the multiplication, which would otherwise wrap: 16 Ti
+	// and one M came out as 1 MiB.
+	if n < 1 || n > (1<<31-1)/int64(f) {
 		return 0, fmt.Errorf("perf: message size should be between 1 and %d", 1<<31-1)
 	}
 	return int(n) * f, nil
