@@ -6,22 +6,6 @@ import (
 	"testing"
 )
 
-// FuzzParseArgs: any command line gives a configuration or an error,
-// never a panic. The fuzzer's string is split at NUL bytes into the
-// arguments.
-func FuzzParseArgs(f *testing.F) {
-	for _, s := range []string{"write_bw", "write_bw\x00-s\x0065536\x00-n\x005\x00host", "send_lat\x00-a", "atomic_bw\x00-A\x00CMP_AND_SWAP", "read_bw\x00-q\x000", "write_bw\x00-D\x00-1", "x", "send_bw\x00--size=9999999999999"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		var args []string
-		if s != "" {
-			args = strings.Split(s, "\x00")
-		}
-		_, _ = ParseArgs(args)
-	})
-}
-
 // FuzzParseSize: a size that parses is the number with its suffix's
 // factor, worked out without overflow, and between 1 and 2^31-1. Sizes
 // of 16 Ti and one M (2^44+1 M) once wrapped around to 1 MiB.
