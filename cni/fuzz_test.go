@@ -62,7 +62,7 @@ func FuzzConf(f *testing.F) {
 // it maps, and a CNI error naming an address that cannot be one. An
 // IPv4-mapped address with a prefix shorter than /96 once came out as an
 // invalid prefix, which the appliance then refused without saying why
-// (found by FuzzConf's seeds; testdata/fuzz/FuzzConf keeps the input).
+// (testdata/fuzz/FuzzConf keeps that input for FuzzConf).
 func TestPodIPs(t *testing.T) {
 	const ifs = `"interfaces":[{"name":"eth0","sandbox":"/x"}]`
 	for _, tt := range []struct {

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"io"
 	"math"
+	"math/big"
 	"math/bits"
 	"net"
+	"strings"
 	"testing"
 	"time"
 )
@@ -39,7 +41,7 @@ func peerStream(page, cacheLine uint32, keys int) []byte {
 // error wrapping ErrProtocol or the connection's, or having agreed on
 // sizes the test can use: page and cache line sizes that are powers of
 // two, the cache line no larger than the page (the buffer layout divides
-// one by the other), and an MTU enum of 1 to 5.
+// one by the other), and an MTU enum from 1 to this side's 3.
 func FuzzExchange(f *testing.F) {
 	for i := range fuzzTests {
 		f.Add(peerStream(4096, 64, 4), true, uint8(i))
@@ -165,6 +167,36 @@ func FuzzParseDest(f *testing.F) {
 		again, err := ParseDest(d.Marshal(withGID), withGID)
 		if err != nil || again != d {
 			t.Fatalf("ParseDest(%q) = %+v; marshalled and parsed again: %+v, %v", msg, d, again, err)
+		}
+	})
+}
+
+// FuzzParseSize: a size that parses is the number with its suffix's
+// factor, worked out without overflow, and between 1 and 2^31-1. Sizes
+// of 16 Ti and one M (2^44+1 M) once wrapped around to 1 MiB.
+func FuzzParseSize(f *testing.F) {
+	for _, s := range []string{"64", "4K", "8M", "0x10", "17592186044417M", "18014398509481985K", "2147483647", "2147483648", "-1", "1_000", "0K"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n, err := parseSize(s)
+		if err != nil {
+			return
+		}
+		v, factor := s, int64(1)
+		switch {
+		case strings.HasSuffix(v, "K"):
+			v, factor = strings.TrimSuffix(v, "K"), 1024
+		case strings.HasSuffix(v, "M"):
+			v, factor = strings.TrimSuffix(v, "M"), 1<<20
+		}
+		want, ok := new(big.Int).SetString(v, 0)
+		if !ok {
+			t.Fatalf("parseSize(%q) = %d, but %q is no number", s, n, v)
+		}
+		want.Mul(want, big.NewInt(factor))
+		if !want.IsInt64() || want.Int64() != int64(n) || n < 1 || n > 1<<31-1 {
+			t.Fatalf("parseSize(%q) = %d, want %v (between 1 and 2^31-1)", s, n, want)
 		}
 	})
 }
