@@ -129,9 +129,19 @@ func New(opt Options) *Appliance {
 	if opt.LocalSwitch {
 		a.sw = NewSwitch()
 	}
+	// One loop polls every port and client (spin.Loop): spinning, or
+	// sleeping in ppoll when it finds nothing (after lingering, adaptive).
 	if opt.Poll == control.PollSpin {
-		// One goroutine spins for every port and client (spin.Loop).
 		a.loop = spin.NewLoop()
+	} else if l, err := spin.NewBlockingLoop(); err != nil {
+		// Without it, each port and client gets a goroutine that sleeps
+		// in the runtime's poller.
+		a.log.Warn("appliance: no polling loop; a goroutine per port and client instead", "err", err)
+	} else {
+		l.SetLinger(max(opt.Poll.Spin(), 0))
+		a.loop = l
+	}
+	if a.loop != nil {
 		ctx, stop := context.WithCancel(context.Background())
 		a.loopStop, a.loopDone = stop, make(chan struct{})
 		go func() {
@@ -181,6 +191,9 @@ func (a *Appliance) AddPortOn(dev tap.Device, cfg PortConfig) (*NIC, error) {
 	cfg.ReadSpin = a.opt.Poll.Spin()
 	cfg.Loop = a.loop
 	cfg.AckDelay = a.opt.Poll.AckDelay()
+	if a.loop == nil {
+		cfg.AckDelay = 0 // nothing would hold them
+	}
 	user := cfg.OnLink
 	cfg.OnLink = func(up bool) {
 		a.ctrl.PortEvent(name, up)
@@ -255,6 +268,7 @@ func (a *Appliance) Close() error {
 	if a.loopStop != nil {
 		a.loopStop()
 		<-a.loopDone
+		err = errors.Join(err, a.loop.Close())
 	}
 	return err
 }

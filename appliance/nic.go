@@ -33,6 +33,7 @@ type NIC struct {
 	wg     sync.WaitGroup
 	once   sync.Once
 	ticks  atomic.Uint64 // the tick loop's Tick calls
+	unhold func()        // takes the engine's held acknowledgements off a blocking loop
 }
 
 // localItem is a batch of frames crossing the local switch; refs, when
@@ -76,6 +77,10 @@ func (n *NIC) start(p *Port) {
 		Local: func(a netip.Addr) bool { return n.route(a) != nil }, AckDelay: p.cfg.AckDelay}
 	e := transport.NewEngine(cfg)
 	n.engine.Store(e)
+	if p.cfg.Loop.Blocking() {
+		// The blocking loop watches the acknowledgements held for company.
+		n.unhold = p.cfg.Loop.AddHold(e.AckDue, e.FlushAcks)
+	}
 	if n.sw != nil {
 		n.sw.join(n)
 	}
@@ -135,6 +140,9 @@ func (n *NIC) Close() error {
 		close(n.stop)
 		err = n.port.Close()
 		n.wg.Wait()
+		if n.unhold != nil {
+			n.unhold()
+		}
 	})
 	return err
 }
@@ -144,9 +152,10 @@ func (n *NIC) Close() error {
 // (TickWake) — an idle port's engine wakes no one.
 func (n *NIC) tickLoop(e *transport.Engine) {
 	defer n.wg.Done()
-	// With a loop, its ring pollers send held acknowledgements on time
-	// (FlushAcks): waking every few microseconds for them would take a
-	// thread of its own, often on a client's core.
+	// With a loop, it sends held acknowledgements on time (a spinning
+	// loop's ring pollers call FlushAcks, a blocking one holds: AddHold):
+	// waking every few microseconds for them would take a thread of its
+	// own, often on a client's core.
 	acks := n.port.cfg.Loop == nil
 	t := time.NewTimer(time.Hour)
 	t.Stop()

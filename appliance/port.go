@@ -41,8 +41,11 @@ type PortConfig struct {
 	// negative value never sleeps (see tap.Tap.SetSpin).
 	ReadSpin time.Duration
 	// Loop, when set, reads the device in its passes (tap.Tap.TryReadEach)
-	// instead of a reader goroutine of the port's own: a spinning
-	// appliance's one polling loop. ReadSpin then does not apply.
+	// instead of a reader goroutine of the port's own: the appliance's one
+	// polling loop. A blocking loop sleeps on the TAP's descriptor, which
+	// OpenPort then keeps out of the Go runtime's poller (tap.Config
+	// Unpolled); a device without one (a fake) keeps a reader goroutine.
+	// ReadSpin then does not apply.
 	Loop *spin.Loop
 	// AckDelay is how long the NIC's transport lets a positive
 	// acknowledgement wait for a frame to go out with
@@ -142,6 +145,9 @@ func OpenPort(cfg PortConfig) (*Port, error) {
 		MAC:     net.HardwareAddr(devMAC[:]),
 		MTU:     cfg.MTU,
 		Offload: cfg.Offload,
+		// A blocking loop sleeps on the descriptor itself; in the
+		// runtime's poller too, every frame would also wake the runtime.
+		Unpolled: cfg.Loop.Blocking(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("port %s/%s: %w", cfg.Namespace, cfg.Name, err)
@@ -197,10 +203,19 @@ func NewPort(dev tap.Device, cfg PortConfig) (*Port, error) {
 	p.txq.items = make(chan txItem, txQueueLen)
 	p.wg.Add(1)
 	go p.writeLoop()
-	if tr, ok := dev.(tryReader); ok && cfg.Loop != nil {
+	tr, ok := dev.(tryReader)
+	fd, hasFd := dev.(fdDevice)
+	switch {
+	case ok && cfg.Loop.Blocking() && hasFd:
+		// The loop sleeps on the device's descriptor.
+		p.tr, p.onFrameFn = tr, p.onFrame
+		p.unpoll = cfg.Loop.AddSleeper(p.pollOnce, spin.Sleeper{Fd: fd.Fd()})
+	case ok && cfg.Loop != nil && !cfg.Loop.Blocking():
 		p.tr, p.onFrameFn = tr, p.onFrame
 		p.unpoll = cfg.Loop.Add(p.pollOnce)
-	} else {
+	default:
+		// A reader of its own, sleeping in the runtime's poller (a device
+		// a blocking loop cannot sleep on: a fake in tests).
 		p.wg.Add(1)
 		go p.readLoop()
 	}
@@ -333,6 +348,10 @@ func (p *Port) writeCtlLocked(frame []byte) {
 type frameReader interface {
 	ReadEach(fn func(frame []byte)) (int, error)
 }
+
+// fdDevice is a device whose descriptor a blocking loop can sleep on
+// (tap.Tap opened Unpolled).
+type fdDevice interface{ Fd() int }
 
 // tryReader is a device a polling loop can read: in place, never waiting
 // (tap.Tap).

@@ -1,6 +1,7 @@
 package appliance
 
 import (
+	"runtime"
 	"sync"
 	"sync/atomic"
 )
@@ -17,6 +18,8 @@ const txQueueLen = 64
 // txInlineBytes is the most a batch may carry to be written at once, on
 // the caller's goroutine, when nothing waits in the queue: a small batch
 // (an acknowledgement, a short message) is then not delayed by a handoff.
+// On one P every batch is: the writer would only run when the caller —
+// a blocking loop that holds the P until it sleeps — gave it the P.
 const txInlineBytes = 16 << 10
 
 // txItem is one batch waiting for the writer.
@@ -50,7 +53,7 @@ func (p *Port) SendAsync(bufs [][]byte, offset int, done func()) {
 		done()
 		return
 	}
-	if q.busy.Load() == 0 && batchBytes(bufs, offset) <= txInlineBytes {
+	if q.busy.Load() == 0 && (batchBytes(bufs, offset) <= txInlineBytes || runtime.GOMAXPROCS(0) == 1) {
 		_ = p.Send(bufs, offset)
 		done()
 		return

@@ -95,9 +95,11 @@ const (
 
 // Poll modes; see Config.Poll.
 const (
-	// PollAdaptive spins briefly after work, then sleeps on the doorbell.
+	// PollAdaptive polls briefly after work (on 4 processors or more),
+	// then sleeps: one loop sleeps on every port and client doorbell.
 	PollAdaptive = "adaptive"
-	// PollBlock sleeps on the doorbell as soon as the rings are empty.
+	// PollBlock sleeps as soon as the ports and rings are empty, in the
+	// same one loop.
 	PollBlock = "block"
 	// PollSpin never sleeps: one loop polls every port and client.
 	PollSpin = "spin"

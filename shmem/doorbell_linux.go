@@ -92,6 +92,45 @@ func NewPipeDoorbell() (*Doorbell, error) {
 	return d, nil
 }
 
+// NewUnpolledPipeDoorbell is NewPipeDoorbell for a waiter that polls the
+// read end itself (ReadFd, Drain) instead of waiting in Wait: the read
+// end stays out of the Go runtime's poller, so that a ring wakes only
+// that waiter.
+func NewUnpolledPipeDoorbell() (*Doorbell, error) {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return nil, fmt.Errorf("shmem: NewUnpolledPipeDoorbell: pipe: %w", err)
+	}
+	// Wrapped while blocking, the files stay out of the runtime's poller;
+	// the descriptors are made non-blocking only then.
+	f, wf := os.NewFile(uintptr(p[0]), "pipe"), os.NewFile(uintptr(p[1]), "pipe")
+	fail := func(err error) (*Doorbell, error) {
+		f.Close()
+		wf.Close()
+		return nil, fmt.Errorf("shmem: NewUnpolledPipeDoorbell: %w", err)
+	}
+	for _, fd := range p {
+		if err := unix.SetNonblock(fd, true); err != nil {
+			return fail(err)
+		}
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return fail(err)
+	}
+	wrc, err := wf.SyscallConn()
+	if err != nil {
+		return fail(err)
+	}
+	d := &Doorbell{f: f, rc: rc, fd: p[0], pipe: true, wf: wf, wrc: wrc, wfd: p[1]}
+	d.readFn, d.writeFn = d.readRaw, d.writeRaw
+	return d, nil
+}
+
+// ReadFd returns the descriptor a waiter polls: the eventfd, or a pipe's
+// read end.
+func (d *Doorbell) ReadFd() int { return d.fd }
+
 // NewDoorbell creates a doorbell on a new eventfd (EFD_CLOEXEC|EFD_NONBLOCK).
 func NewDoorbell() (*Doorbell, error) {
 	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)

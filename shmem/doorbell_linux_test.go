@@ -359,3 +359,53 @@ func TestPipeDoorbell(t *testing.T) {
 		t.Error("the peer rang a closed doorbell without an error")
 	}
 }
+
+// TestUnpolledPipeDoorbell: an unpolled pipe doorbell stays out of the
+// runtime's poller (no deadlines); its read end, non-blocking, is found
+// readable by ppoll(2) once rung through the write end it hands out, and
+// Drain consumes the rings.
+func TestUnpolledPipeDoorbell(t *testing.T) {
+	checkNoFdLeak(t)
+	d, err := NewUnpolledPipeDoorbell()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if err := d.f.SetReadDeadline(time.Now()); !errors.Is(err, os.ErrNoDeadline) {
+		t.Errorf("SetReadDeadline = %v: the read end is in the runtime's poller", err)
+	}
+	for _, fd := range []int{d.ReadFd(), d.Fd()} {
+		if fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0); err != nil || fl&unix.O_NONBLOCK == 0 {
+			t.Errorf("descriptor %d: flags %#x, %v: want non-blocking", fd, fl, err)
+		}
+	}
+	peer, err := DoorbellFromFd(dupFd(t, d.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	readable := func() bool {
+		pfd := []unix.PollFd{{Fd: int32(d.ReadFd()), Events: unix.POLLIN}}
+		if _, err := unix.Ppoll(pfd, &unix.Timespec{}, nil); err != nil {
+			t.Fatal(err)
+		}
+		return pfd[0].Revents&unix.POLLIN != 0
+	}
+	if readable() {
+		t.Fatal("readable before a ring")
+	}
+	for range 3 {
+		if err := peer.Ring(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !readable() {
+		t.Fatal("not readable after a ring")
+	}
+	if rung, err := d.Drain(); err != nil || !rung {
+		t.Fatalf("Drain = %v, %v", rung, err)
+	}
+	if readable() {
+		t.Error("readable after Drain")
+	}
+}

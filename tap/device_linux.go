@@ -36,6 +36,9 @@ type Config struct {
 	Offload bool
 	// MultiQueue opens the device with IFF_MULTI_QUEUE.
 	MultiQueue bool
+	// Unpolled keeps the descriptor out of the Go runtime's poller: only
+	// a loop that polls it itself (TryReadEach, Fd) reads such a device.
+	Unpolled bool
 	// Down leaves the interface down.
 	Down bool
 }
@@ -48,6 +51,7 @@ type Tap struct {
 	name      string
 	mtu       int
 	offloaded bool
+	unpolled  bool // out of the runtime's poller (Config.Unpolled)
 
 	wmu   sync.Mutex
 	super []byte   // virtio-net header and headers of a super-frame
@@ -129,7 +133,11 @@ func open(cfg Config) (*Tap, error) {
 }
 
 func openFlags(cfg Config, extra uint16) (*Tap, error) {
-	fd, err := unix.Open(tunPath, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	oflags := unix.O_RDWR | unix.O_CLOEXEC | unix.O_NONBLOCK
+	if cfg.Unpolled {
+		oflags &^= unix.O_NONBLOCK
+	}
+	fd, err := unix.Open(tunPath, oflags, 0)
 	if err != nil {
 		return nil, fmt.Errorf("tap: opening %s: %w", tunPath, err)
 	}
@@ -157,6 +165,15 @@ func openFlags(cfg Config, extra uint16) (*Tap, error) {
 	// sleeping Read returns when the file is closed. The fd stays
 	// non-blocking: reads busy-poll it (SetSpin) or wait in the poller.
 	t := &Tap{file: os.NewFile(uintptr(fd), tunPath), fd: fd, name: ifr.Name(), mtu: 1500, one: make([][]byte, 1)}
+	if cfg.Unpolled {
+		// Opened blocking, the file stays out of the runtime's poller; the
+		// descriptor is made non-blocking only now.
+		if err := unix.SetNonblock(fd, true); err != nil {
+			t.file.Close()
+			return nil, fmt.Errorf("tap: %w", err)
+		}
+		t.unpolled = true
+	}
 	t.rFn, t.rNowFn = t.readRaw, t.readNow
 	if t.raw, err = t.file.SyscallConn(); err != nil {
 		t.file.Close()
@@ -191,6 +208,13 @@ func configure(h *netlink.Handle, cfg Config) error {
 // Offloaded reports whether the device carries virtio-net headers and UDP
 // GSO super-frames.
 func (t *Tap) Offloaded() bool { return t.offloaded }
+
+// Fd returns the device's descriptor, for a loop that polls it
+// (Config.Unpolled).
+func (t *Tap) Fd() int { return t.fd }
+
+// Unpolled reports whether the device was opened with Config.Unpolled.
+func (t *Tap) Unpolled() bool { return t.unpolled }
 
 // Name implements Device.
 func (t *Tap) Name() string { return t.name }

@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"net"
+	"os"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/taproce/taproce/internal/netnsutil"
 	"github.com/taproce/taproce/internal/testnet"
@@ -268,4 +270,54 @@ func sendUDP(path, addr string) error {
 		_, err = c.Write([]byte("x"))
 		return err
 	})
+}
+
+// TestUnpolled: a device opened Unpolled stays out of the runtime's
+// poller (no deadlines) with a non-blocking descriptor that ppoll(2)
+// finds readable once a frame waits, which TryReadEach then hands over.
+func TestUnpolled(t *testing.T) {
+	_, path := testnet.Namespace(t)
+	for _, offload := range []bool{false, true} {
+		dev, err := Create(Config{Name: "unp0", Netns: path, Offload: offload, Unpolled: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := dev.file.SetReadDeadline(time.Now()); !errors.Is(err, os.ErrNoDeadline) {
+			t.Errorf("offload %v: SetReadDeadline = %v: the descriptor is in the runtime's poller", offload, err)
+		}
+		if fl, err := unix.FcntlInt(uintptr(dev.Fd()), unix.F_GETFL, 0); err != nil || fl&unix.O_NONBLOCK == 0 {
+			t.Errorf("offload %v: flags %#x, %v: want non-blocking", offload, fl, err)
+		}
+		if err := addIPv4(path, "unp0", net.IPv4(10, 78, 1, 1)); err != nil {
+			dev.Close()
+			t.Fatal(err)
+		}
+		var arp []byte
+		keepARP := func(f []byte) {
+			if len(f) >= 42 && f[12] == 0x08 && f[13] == 0x06 {
+				arp = append([]byte(nil), f[:42]...)
+			}
+		}
+		if err := sendUDP(path, "10.78.1.2:9"); err != nil {
+			dev.Close()
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for arp == nil && time.Now().Before(deadline) {
+			pfd := []unix.PollFd{{Fd: int32(dev.Fd()), Events: unix.POLLIN}}
+			if _, err := unix.Ppoll(pfd, &unix.Timespec{Sec: 5}, nil); err != nil && err != unix.EINTR {
+				t.Fatal(err)
+			}
+			if pfd[0].Revents&unix.POLLIN == 0 {
+				continue
+			}
+			if _, err := dev.TryReadEach(keepARP); err != nil {
+				t.Fatalf("offload %v: %v", offload, err)
+			}
+		}
+		if arp == nil || !bytes.Equal(arp[38:42], []byte{10, 78, 1, 2}) {
+			t.Errorf("offload %v: read %x, want the ARP request for 10.78.1.2", offload, arp)
+		}
+		dev.Close()
+	}
 }

@@ -226,7 +226,8 @@ func TestAppliancePolls(t *testing.T) {
 // TestVerbsRC: through the control socket and the shared rings, two
 // clients connect RC QPs and run SEND with immediate, WRITE, READ and
 // both atomics, with the data checked — over the fake wire and over the
-// local switch, and over the wire with the appliance spinning.
+// local switch, and over the wire with the appliance spinning and
+// blocking.
 func TestVerbsRC(t *testing.T) {
 	for _, c := range []struct {
 		name  string
@@ -234,13 +235,14 @@ func TestVerbsRC(t *testing.T) {
 		poll  control.PollMode
 	}{
 		{"wire", false, control.PollAdaptive}, {"local switch", true, control.PollAdaptive},
-		// Spinning, one loop polls the ports and the clients' rings.
-		{"wire, spinning", false, control.PollSpin},
+		// Spinning, one loop polls the ports and the clients' rings;
+		// blocking, one loop sleeps on the clients' doorbells.
+		{"wire, spinning", false, control.PollSpin}, {"wire, blocking", false, control.PollBlock},
 	} {
 		local := c.local
 		t.Run(c.name, func(t *testing.T) {
 			r := newRigOpts(t, local, 1500, c.poll)
-			if (r.app.Loop() != nil) != (c.poll == control.PollSpin) {
+			if r.app.Loop() == nil || r.app.Loop().Blocking() == (c.poll == control.PollSpin) {
 				t.Fatalf("appliance loop %v in mode %s", r.app.Loop(), c.poll)
 			}
 			a, b := newEnd(t, r.ca, verbs.RC, 1<<20), newEnd(t, r.cb, verbs.RC, 1<<20)

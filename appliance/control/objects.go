@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"github.com/taproce/taproce/internal/spin"
 	"log/slog"
 	"math/bits"
 	"net/netip"
@@ -151,17 +152,34 @@ func (ss *session) open(name string) (*abi.OpenReply, int, error) {
 	}
 	// A pipe: a client posts and then polls for the answer, and a pipe's
 	// wakeup lets it go on polling where an eventfd's would preempt it
-	// (shmem.NewPipeDoorbell).
-	kick, err := shmem.NewPipeDoorbell()
+	// (shmem.NewPipeDoorbell). A blocking loop sleeps on the read end
+	// itself, which then stays out of the runtime's poller: there a ring
+	// would wake the runtime as well.
+	loop := ss.srv.cfg.Loop
+	newKick := shmem.NewPipeDoorbell
+	if loop.Blocking() {
+		newKick = shmem.NewUnpolledPipeDoorbell
+	}
+	kick, err := newKick()
 	if err != nil {
 		return nil, 0, err
 	}
 	ss.dev, ss.kick = d, kick
 	ss.opened.Store(d)
-	if l := ss.srv.cfg.Loop; l != nil && ss.srv.cfg.Poll == PollSpin {
-		b := new(batch)
-		ss.unpoll = l.Add(func() bool { return ss.pollOnce(b) })
-	} else {
+	b := new(batch)
+	poll := func() bool { return ss.pollOnce(b) }
+	switch {
+	case loop.Blocking():
+		ss.unpoll = loop.AddSleeper(poll, spin.Sleeper{Fd: kick.ReadFd(), Arm: ss.tryPrepareSleep,
+			Disarm: func(rung bool) {
+				if rung {
+					_, _ = kick.Drain() // consumes the rings
+				}
+				ss.cancelSleep()
+			}})
+	case loop != nil:
+		ss.unpoll = loop.Add(poll)
+	default:
 		ss.poller.Add(1)
 		go ss.poll()
 	}

@@ -136,6 +136,21 @@ func (ss *session) pollOnce(b *batch) bool {
 func (ss *session) prepareSleep() bool {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
+	return ss.prepareSleepLocked()
+}
+
+// tryPrepareSleep is prepareSleep for a loop that has other work: a
+// session busy with a request of its client is not waited for, and the
+// loop does not sleep.
+func (ss *session) tryPrepareSleep() bool {
+	if !ss.mu.TryLock() {
+		return false
+	}
+	defer ss.mu.Unlock()
+	return ss.prepareSleepLocked()
+}
+
+func (ss *session) prepareSleepLocked() bool {
 	for _, w := range *ss.rings.Load() {
 		if w.q != nil {
 			w.q.sq.PrepareSleep()

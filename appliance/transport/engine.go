@@ -486,6 +486,9 @@ func (e *Engine) flushUrgent() {
 	e.flush()
 }
 
+// AckDue is when the held acknowledgements are due, in Unix ns; 0: none.
+func (e *Engine) AckDue() int64 { return e.ackDue.Load() }
+
 // AckDelay returns the engine's Config.AckDelay.
 func (e *Engine) AckDelay() time.Duration { return e.cfg.AckDelay }
 

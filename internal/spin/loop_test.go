@@ -2,9 +2,12 @@ package spin
 
 import (
 	"context"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // runLoop runs l until the test ends.
@@ -177,5 +180,289 @@ func TestLoopAddRemoveRace(t *testing.T) {
 	case <-done:
 	case <-time.After(30 * time.Second):
 		t.Fatal("remove hung")
+	}
+}
+
+// newBlocking returns a blocking loop, closed when the test ends (after
+// runLoop's cleanup, registered later, has stopped it).
+func newBlocking(t *testing.T) *Loop {
+	t.Helper()
+	l, err := NewBlockingLoop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return l
+}
+
+// pipeSource is a source a blocking loop sleeps on: a pipe whose every
+// byte is one piece of work.
+type pipeSource struct {
+	r, w   int
+	polls  atomic.Int64
+	works  atomic.Int64
+	arms   atomic.Int64
+	rung   atomic.Int64 // Disarm told the descriptor was readable
+	inside atomic.Int32
+	racing atomic.Bool // polled by two goroutines at once
+}
+
+func newPipeSource(t *testing.T) *pipeSource {
+	t.Helper()
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(p[0]); unix.Close(p[1]) })
+	return &pipeSource{r: p[0], w: p[1]}
+}
+
+func (s *pipeSource) poll() bool {
+	if s.inside.Add(1) > 1 {
+		s.racing.Store(true)
+	}
+	defer s.inside.Add(-1)
+	s.polls.Add(1)
+	var b [1]byte
+	if n, _ := unix.Read(s.r, b[:]); n == 1 {
+		s.works.Add(1)
+		return true
+	}
+	return false
+}
+
+func (s *pipeSource) put(t *testing.T) {
+	t.Helper()
+	if _, err := unix.Write(s.w, []byte{1}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// settled waits until n stops moving for 10 ms: the loop sleeps.
+func settled(t *testing.T, what string, n *atomic.Uint64) {
+	t.Helper()
+	eventually(t, what, func() bool {
+		before := n.Load()
+		time.Sleep(10 * time.Millisecond)
+		return n.Load() == before
+	})
+}
+
+// TestBlockingLoopSleeps: a blocking loop with nothing to do makes no
+// passes; a byte in a source's pipe wakes it, the source is polled and
+// finds it, and Disarm learns that the descriptor was readable. A pass
+// after a sleep skips the sources without Arm whose descriptors were not
+// readable.
+func TestBlockingLoopSleeps(t *testing.T) {
+	l := newBlocking(t)
+	a, b := newPipeSource(t), newPipeSource(t)
+	defer l.AddSleeper(a.poll, Sleeper{Fd: a.r, Arm: func() bool { a.arms.Add(1); return true },
+		Disarm: func(rung bool) {
+			if rung {
+				a.rung.Add(1)
+			}
+		}})()
+	defer l.AddSleeper(b.poll, Sleeper{Fd: b.r})()
+	runLoop(t, l)
+	settled(t, "the loop sleeps", &l.pass)
+	for i := range 3 {
+		pa, pb, arms := a.polls.Load(), b.polls.Load(), a.arms.Load()
+		rung := a.rung.Load()
+		a.put(t)
+		eventually(t, "the work is found", func() bool { return a.works.Load() == int64(i+1) })
+		settled(t, "the loop sleeps again", &l.pass)
+		// One pass finds the work, the next finds nothing and sleeps.
+		if d := a.polls.Load() - pa; d != 2 {
+			t.Errorf("round %d: the source with work polled %d times, want 2", i, d)
+		}
+		// b, not readable when the loop woke, waits for the second pass.
+		if d := b.polls.Load() - pb; d != 1 {
+			t.Errorf("round %d: the quiet source polled %d times, want 1", i, d)
+		}
+		if d := a.arms.Load() - arms; d != 1 {
+			t.Errorf("round %d: armed %d times, want 1", i, d)
+		}
+		if a.rung.Load() != rung+1 {
+			t.Errorf("round %d: Disarm not told the descriptor was readable", i)
+		}
+	}
+}
+
+// TestBlockingLoopArmRefuses: while a source's Arm reports work, the loop
+// does not sleep, and every Arm is matched by a Disarm.
+func TestBlockingLoopArmRefuses(t *testing.T) {
+	l := newBlocking(t)
+	s := newPipeSource(t)
+	var refuse atomic.Bool
+	refuse.Store(true)
+	var arms, disarms atomic.Int64
+	defer l.AddSleeper(s.poll, Sleeper{Fd: s.r,
+		Arm:    func() bool { arms.Add(1); return !refuse.Load() },
+		Disarm: func(bool) { disarms.Add(1) }})()
+	runLoop(t, l)
+	before := l.pass.Load()
+	time.Sleep(20 * time.Millisecond)
+	if d := l.pass.Load() - before; d < 100 {
+		t.Errorf("%d passes in 20 ms while Arm refused", d)
+	}
+	refuse.Store(false)
+	settled(t, "the loop sleeps once Arm agrees", &l.pass)
+	if arms.Load() != disarms.Load()+1 { // the last one sleeps armed
+		t.Errorf("%d arms, %d disarms", arms.Load(), disarms.Load())
+	}
+}
+
+// TestBlockingLoopHold: while a hold is pending the loop polls instead of
+// sleeping; once it is due the loop flushes it, on its goroutine, and
+// sleeps.
+func TestBlockingLoopHold(t *testing.T) {
+	l := newBlocking(t)
+	s := newPipeSource(t)
+	defer l.AddSleeper(s.poll, Sleeper{Fd: s.r})()
+	var due atomic.Int64
+	var flushes atomic.Int64
+	remove := l.AddHold(due.Load, func() {
+		if time.Now().UnixNano() < due.Load() {
+			t.Error("flushed before due")
+		}
+		due.Store(0)
+		flushes.Add(1)
+	})
+	defer remove()
+	runLoop(t, l)
+	settled(t, "the loop sleeps", &l.pass)
+	due.Store(time.Now().Add(30 * time.Millisecond).UnixNano())
+	s.put(t) // wakes the loop, which now sees the hold
+	eventually(t, "polled", func() bool { return s.works.Load() == 1 })
+	p := s.polls.Load()
+	time.Sleep(10 * time.Millisecond)
+	if flushes.Load() == 0 && s.polls.Load()-p < 10 {
+		t.Errorf("%d polls in 10 ms of a pending hold", s.polls.Load()-p)
+	}
+	eventually(t, "flushed", func() bool { return flushes.Load() == 1 })
+	settled(t, "the loop sleeps after the flush", &l.pass)
+	remove()
+	remove() // a second call does nothing
+}
+
+// TestBlockingLoopRemoveWhileSleeping: remove returns at once while the
+// loop sleeps holding the source, and the loop goes on with the others.
+func TestBlockingLoopRemoveWhileSleeping(t *testing.T) {
+	l := newBlocking(t)
+	a, b := newPipeSource(t), newPipeSource(t)
+	removeA := l.AddSleeper(a.poll, Sleeper{Fd: a.r})
+	defer l.AddSleeper(b.poll, Sleeper{Fd: b.r})()
+	runLoop(t, l)
+	settled(t, "the loop sleeps", &l.pass)
+	done := make(chan struct{})
+	go func() { removeA(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("remove waited for a sleeping loop")
+	}
+	pa := a.polls.Load()
+	b.put(t)
+	eventually(t, "the other source still works", func() bool { return b.works.Load() == 1 })
+	if a.polls.Load() != pa {
+		t.Error("a removed source was polled")
+	}
+}
+
+// TestBlockingLoopHelper: work in two sources at once brings the helper:
+// both sources are polled at the same time, each never by two goroutines
+// at once; once the work is done the loop sleeps.
+func TestBlockingLoopHelper(t *testing.T) {
+	if runtime.GOMAXPROCS(0) < 2 {
+		t.Skip("the helper needs a second processor (GOMAXPROCS)")
+	}
+	l := newBlocking(t)
+	var inside, most atomic.Int32
+	type src struct {
+		left   atomic.Int64
+		inside atomic.Int32
+		racing atomic.Bool
+	}
+	var srcs [2]src
+	for i := range srcs {
+		s := &srcs[i]
+		s.left.Store(2000)
+		defer l.Add(func() bool {
+			if s.inside.Add(1) > 1 {
+				s.racing.Store(true)
+			}
+			n := inside.Add(1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+			busy := s.left.Add(-1) >= 0
+			if busy {
+				time.Sleep(20 * time.Microsecond) // work that takes a while
+			}
+			inside.Add(-1)
+			s.inside.Add(-1)
+			return busy
+		})()
+	}
+	runLoop(t, l)
+	eventually(t, "the work is done", func() bool { return srcs[0].left.Load() < 0 && srcs[1].left.Load() < 0 })
+	if most.Load() < 2 {
+		t.Error("the two sources were never polled at once: no helper")
+	}
+	for i := range srcs {
+		if srcs[i].racing.Load() {
+			t.Errorf("source %d polled by two goroutines at once", i)
+		}
+	}
+	eventually(t, "the helper stops", func() bool { return !l.helping.Load() })
+}
+
+// TestBlockingLoopLinger: a lingering loop polls for a while after its
+// last work before it sleeps.
+func TestBlockingLoopLinger(t *testing.T) {
+	l := newBlocking(t)
+	l.SetLinger(30 * time.Millisecond)
+	s := newPipeSource(t)
+	defer l.AddSleeper(s.poll, Sleeper{Fd: s.r})()
+	runLoop(t, l)
+	settled(t, "the loop sleeps", &l.pass)
+	s.put(t)
+	eventually(t, "polled", func() bool { return s.works.Load() == 1 })
+	p := s.polls.Load()
+	time.Sleep(10 * time.Millisecond)
+	if d := s.polls.Load() - p; d < 10 {
+		t.Errorf("%d polls in the first 10 ms of a 30 ms linger", d)
+	}
+	settled(t, "the loop sleeps after lingering", &l.pass)
+}
+
+// TestBlockingLoopNoDescriptor: a source added without a Sleeper is
+// polled about every millisecond while the loop sleeps.
+func TestBlockingLoopNoDescriptor(t *testing.T) {
+	l := newBlocking(t)
+	var n atomic.Int64
+	defer l.Add(func() bool { n.Add(1); return false })()
+	runLoop(t, l)
+	time.Sleep(5 * time.Millisecond)
+	before := n.Load()
+	time.Sleep(50 * time.Millisecond)
+	if d := n.Load() - before; d < 5 || d > 500 {
+		t.Errorf("%d polls in 50 ms, want about 50", d)
+	}
+}
+
+// TestBlockingLoopSleepAllocs: a pass that sleeps (here, on a descriptor
+// that is readable at once) allocates nothing.
+func TestBlockingLoopSleepAllocs(t *testing.T) {
+	l := newBlocking(t)
+	s := newPipeSource(t)
+	s.put(t) // never read: the descriptor stays readable
+	l.AddSleeper(func() bool { return false }, Sleeper{Fd: s.r, Arm: func() bool { return true }, Disarm: func(bool) {}})
+	var sp Spinner
+	if n := testing.AllocsPerRun(100, func() { l.passOnce(&sp) }); n != 0 {
+		t.Errorf("a sleeping pass: %v allocations", n)
 	}
 }

@@ -31,3 +31,11 @@ func (s *Spinner) Idle() {
 		unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0) //nolint:errcheck // sched_yield cannot fail
 	}
 }
+
+// OSYield gives way to the machine's other threads (sched_yield), and not
+// to the process's other goroutines: for a loop on a thread of its own
+// (runtime.LockOSThread), where runtime.Gosched hands the processor to
+// another thread — waking it — and waits to be handed it back.
+func OSYield() {
+	unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0) //nolint:errcheck // sched_yield cannot fail
+}
