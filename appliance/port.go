@@ -117,8 +117,9 @@ type Port struct {
 
 	rxFrames, rxBytes, txFrames, txBytes, txErrors, rxErrors atomic.Uint64
 
-	txq  txQueue     // SendAsync's queue and writer state
-	down atomic.Bool // the last read failed
+	txq       txQueue     // SendAsync's queue and writer state
+	inlineAll bool        // SendAsync writes every batch at once (a blocking loop's port)
+	down      atomic.Bool // the last read failed
 
 	// Read by a polling loop (PortConfig.Loop) instead of readLoop.
 	tr        tryReader
@@ -201,6 +202,7 @@ func NewPort(dev tap.Device, cfg PortConfig) (*Port, error) {
 	}
 	p.st = st
 	p.txq.items = make(chan txItem, txQueueLen)
+	p.inlineAll = cfg.Loop.Blocking()
 	p.wg.Add(1)
 	go p.writeLoop()
 	tr, ok := dev.(tryReader)

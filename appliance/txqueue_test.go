@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/taproce/taproce/internal/spin"
 	"github.com/taproce/taproce/tap"
 )
 
@@ -103,6 +104,43 @@ func TestSendAsyncZeroAllocs(t *testing.T) {
 		})
 		if a != 0 {
 			t.Errorf("%s: %v allocations", c.name, a)
+		}
+	}
+}
+
+// TestSendAsyncBlockingLoopInline: a port of a blocking loop writes every
+// batch, however large, before SendAsync returns — on the loop's thread,
+// where the frames are in cache — and its frames arrive in order.
+func TestSendAsyncBlockingLoopInline(t *testing.T) {
+	l, err := spin.NewBlockingLoop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	p, w := newTestPort(t, PortConfig{Loop: l})
+	seq := uint32(0)
+	for i := range 20 {
+		bufs := make([][]byte, txInlineBytes/1400+2)
+		for j := range bufs {
+			f := roceTo(t, peerMAC, 7)
+			f = append(f, make([]byte, 1400-len(f))...)
+			binary.BigEndian.PutUint32(f[len(f)-4:], seq)
+			seq++
+			bufs[j] = append(make([]byte, tap.Headroom), f...)
+		}
+		done := false
+		p.SendAsync(bufs, tap.Headroom, func() { done = true })
+		if !done {
+			t.Fatalf("batch %d of %d frames not written when SendAsync returned", i, len(bufs))
+		}
+	}
+	for want := range seq {
+		f := w.next(5 * time.Second)
+		if f == nil {
+			t.Fatalf("frame %d of %d never came", want, seq)
+		}
+		if got := binary.BigEndian.Uint32(f[len(f)-4:]); got != want {
+			t.Fatalf("frame %d came as number %d", want, got)
 		}
 	}
 }
