@@ -110,8 +110,9 @@ type Appliance struct {
 	next   int
 	closed bool // Close was called
 
-	// loop polls the ports and the clients' rings when the appliance
-	// spins; nil otherwise. It runs from New to Close.
+	// loop polls the ports and the clients' rings: spinning, or blocking
+	// when the appliance sleeps; nil only when a blocking loop could not
+	// be made. It runs from New to Close.
 	loop     *spin.Loop
 	loopStop context.CancelFunc
 	loopDone chan struct{}
@@ -273,8 +274,9 @@ func (a *Appliance) Close() error {
 	return err
 }
 
-// Loop returns the loop that polls the ports and the clients' rings of a
-// spinning appliance, nil when it does not spin.
+// Loop returns the loop that polls the ports and the clients' rings: a
+// spinning loop when the appliance spins, a blocking one otherwise (nil
+// when that could not be made).
 func (a *Appliance) Loop() *spin.Loop { return a.loop }
 
 // Namespace returns the name the port was configured with in
