@@ -25,25 +25,9 @@ func TestSendAsyncOrder(t *testing.T) {
 		if i%3 == 0 {
 			n = txInlineBytes/1400 + 2
 		}
-		bufs := make([][]byte, n)
-		for j := range bufs {
-			f := roceTo(t, peerMAC, 7)
-			f = append(f, make([]byte, 1400-len(f))...)
-			binary.BigEndian.PutUint32(f[len(f)-4:], seq)
-			seq++
-			bufs[j] = append(make([]byte, tap.Headroom), f...)
-		}
-		p.SendAsync(bufs, tap.Headroom, func() { dones[i].Add(1) })
+		p.SendAsync(numberedBatch(t, n, &seq), tap.Headroom, func() { dones[i].Add(1) })
 	}
-	for want := range seq {
-		f := w.next(5 * time.Second)
-		if f == nil {
-			t.Fatalf("frame %d of %d never came", want, seq)
-		}
-		if got := binary.BigEndian.Uint32(f[len(f)-4:]); got != want {
-			t.Fatalf("frame %d came as number %d", want, got)
-		}
-	}
+	expectNumbered(t, w, seq)
 	deadline := time.Now().Add(5 * time.Second)
 	for i := range dones {
 		for dones[i].Load() == 0 && time.Now().Before(deadline) {
@@ -120,24 +104,39 @@ func TestSendAsyncBlockingLoopInline(t *testing.T) {
 	p, w := newTestPort(t, PortConfig{Loop: l})
 	seq := uint32(0)
 	for i := range 20 {
-		bufs := make([][]byte, txInlineBytes/1400+2)
-		for j := range bufs {
-			f := roceTo(t, peerMAC, 7)
-			f = append(f, make([]byte, 1400-len(f))...)
-			binary.BigEndian.PutUint32(f[len(f)-4:], seq)
-			seq++
-			bufs[j] = append(make([]byte, tap.Headroom), f...)
-		}
+		bufs := numberedBatch(t, txInlineBytes/1400+2, &seq)
 		done := false
 		p.SendAsync(bufs, tap.Headroom, func() { done = true })
 		if !done {
 			t.Fatalf("batch %d of %d frames not written when SendAsync returned", i, len(bufs))
 		}
 	}
-	for want := range seq {
+	expectNumbered(t, w, seq)
+}
+
+// numberedBatch returns n RoCE frames of 1400 bytes behind headroom, each
+// ending in its number, counted on from *seq.
+func numberedBatch(t *testing.T, n int, seq *uint32) [][]byte {
+	t.Helper()
+	bufs := make([][]byte, n)
+	for j := range bufs {
+		f := roceTo(t, peerMAC, 7)
+		f = append(f, make([]byte, 1400-len(f))...)
+		binary.BigEndian.PutUint32(f[len(f)-4:], *seq)
+		*seq++
+		bufs[j] = append(make([]byte, tap.Headroom), f...)
+	}
+	return bufs
+}
+
+// expectNumbered checks that the wire carries frames 0 to n-1 of
+// numberedBatch, in order.
+func expectNumbered(t *testing.T, w wire, n uint32) {
+	t.Helper()
+	for want := range n {
 		f := w.next(5 * time.Second)
 		if f == nil {
-			t.Fatalf("frame %d of %d never came", want, seq)
+			t.Fatalf("frame %d of %d never came", want, n)
 		}
 		if got := binary.BigEndian.Uint32(f[len(f)-4:]); got != want {
 			t.Fatalf("frame %d came as number %d", want, got)

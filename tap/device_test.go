@@ -201,11 +201,7 @@ func TestTryReadEach(t *testing.T) {
 			t.Fatal(err)
 		}
 		var arp []byte
-		keepARP := func(f []byte) {
-			if len(f) >= 42 && f[12] == 0x08 && f[13] == 0x06 {
-				arp = append([]byte(nil), f[:42]...)
-			}
-		}
+		keepARP := arpKeeper(&arp)
 		// Drain what the kernel sent when the link came up (IPv6
 		// neighbour discovery): then the device is empty.
 		done := make(chan error, 1)
@@ -243,6 +239,16 @@ func TestTryReadEach(t *testing.T) {
 		dev.Close()
 		if _, err := dev.TryReadEach(keepARP); !errors.Is(err, ErrClosed) {
 			t.Errorf("offload %v: after Close: %v, want ErrClosed", offload, err)
+		}
+	}
+}
+
+// arpKeeper returns a frame handler that keeps a copy of the ARP frame it
+// is given in *arp.
+func arpKeeper(arp *[]byte) func(f []byte) {
+	return func(f []byte) {
+		if len(f) >= 42 && f[12] == 0x08 && f[13] == 0x06 {
+			*arp = append([]byte(nil), f[:42]...)
 		}
 	}
 }
@@ -293,11 +299,7 @@ func TestUnpolled(t *testing.T) {
 			t.Fatal(err)
 		}
 		var arp []byte
-		keepARP := func(f []byte) {
-			if len(f) >= 42 && f[12] == 0x08 && f[13] == 0x06 {
-				arp = append([]byte(nil), f[:42]...)
-			}
-		}
+		keepARP := arpKeeper(&arp)
 		if err := sendUDP(path, "10.78.1.2:9"); err != nil {
 			dev.Close()
 			t.Fatal(err)
