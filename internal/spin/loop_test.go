@@ -29,6 +29,19 @@ func runLoop(t *testing.T, l *Loop) {
 	})
 }
 
+// promptly runs f and fails the test with what if f takes more than a
+// few seconds.
+func promptly(t *testing.T, what string, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { f(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal(what)
+	}
+}
+
 // eventually waits until cond holds, failing the test after a while.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -120,13 +133,7 @@ func TestLoopRemoveStopped(t *testing.T) {
 	l := NewLoop()
 	var n atomic.Int64
 	remove := l.Add(func() bool { n.Add(1); return false })
-	done := make(chan struct{})
-	go func() { remove(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("remove waited for a loop that does not run")
-	}
+	promptly(t, "remove waited for a loop that does not run", remove)
 	l.Add(func() bool { n.Add(1); return false })
 	runLoop(t, l)
 	eventually(t, "polled once running", func() bool { return n.Load() > 0 })
@@ -358,13 +365,7 @@ func TestBlockingLoopRemoveWhileSleeping(t *testing.T) {
 	defer l.AddSleeper(b.poll, Sleeper{Fd: b.r})()
 	runLoop(t, l)
 	settled(t, "the loop sleeps", &l.pass)
-	done := make(chan struct{})
-	go func() { removeA(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("remove waited for a sleeping loop")
-	}
+	promptly(t, "remove waited for a sleeping loop", removeA)
 	pa := a.polls.Load()
 	b.put(t)
 	eventually(t, "the other source still works", func() bool { return b.works.Load() == 1 })
