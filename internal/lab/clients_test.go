@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -38,7 +39,11 @@ func TestMain(m *testing.M) {
 		time.Sleep(time.Minute)
 		return
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if buildPath != "" {
+		os.RemoveAll(filepath.Dir(buildPath))
+	}
+	os.Exit(code)
 }
 
 func TestExchangePort(t *testing.T) {
