@@ -40,7 +40,7 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.LocalSwitch, "local-switch", false, "let the ports' traffic cross in memory instead of through the TAPs and the veth")
 	fs.StringVar(&o.Socket, "socket", "", "control socket of the lab's appliance (default "+lab.DefaultSocket+")")
 	poll := fs.String("poll", "adaptive", `how the appliance waits for its clients' posts: "block", "spin" or "adaptive"`)
-	fs.IntVar(&o.Procs, "procs", 0, "processors the appliance runs on while clients use it, as the config's procs (0: as --poll chooses: half of them for spin, all otherwise)")
+	fs.IntVar(&o.Procs, "procs", 0, "processors the appliance runs on while clients use it, as the config's procs (0: as --poll chooses: for spin half of them, two where there are two or three; all otherwise)")
 	fs.StringVar(&o.CPUs, "cpus", "", `processors the appliance runs on while clients use it, as the config's cpus ("1", "2-3"); the client processes run on the others (default: all, for both)`)
 	rdmaMiB := fs.Int("rdma-mib", 64, "MiB moved by RDMA WRITE and read back by RDMA READ between the first two hosts (0: skip)")
 	verbose := fs.Bool("v", false, "log port events")

@@ -155,9 +155,11 @@ type Config struct {
 	Poll string
 	// Procs is how many processors the appliance's Go code runs on at
 	// once (GOMAXPROCS), 0..MaxProcs. 0 lets the poll mode choose
-	// (appliance.Procs): half the processors the process has, at least
-	// one, when it spins, so that its polling loop leaves cores to the
-	// clients polling their completion queues; all of them otherwise. The
+	// (appliance.Procs): when it spins, half the processors the process
+	// has, so that its polling loop leaves cores to the clients polling
+	// their completion queues, but two where it has two or three (the
+	// loop's and its helper's, control.PollMode.Procs); all of them
+	// otherwise. The
 	// GOMAXPROCS environment variable replaces that choice; a positive
 	// procs replaces both.
 	Procs int

@@ -34,14 +34,15 @@ func TestPollModes(t *testing.T) {
 	}
 }
 
-// TestPollModeProcs: a spinning appliance takes half the processors, at
-// least one; a sleeping one takes them all.
+// TestPollModeProcs: a spinning appliance takes half the processors, but
+// two where there are two (its loop's and its helper's); a sleeping one
+// takes them all.
 func TestPollModeProcs(t *testing.T) {
 	for _, c := range []struct {
 		mode            PollMode
 		available, want int
 	}{
-		{PollSpin, 1, 1}, {PollSpin, 2, 1}, {PollSpin, 3, 1}, {PollSpin, 4, 2}, {PollSpin, 64, 32},
+		{PollSpin, 1, 1}, {PollSpin, 2, 2}, {PollSpin, 3, 2}, {PollSpin, 4, 2}, {PollSpin, 5, 2}, {PollSpin, 64, 32},
 		{PollBlock, 1, 1}, {PollBlock, 2, 2}, {PollBlock, 64, 64},
 		{PollAdaptive, 2, 2}, {PollAdaptive, 8, 8},
 	} {

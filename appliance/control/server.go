@@ -158,20 +158,21 @@ func (m PollMode) AckDelay() time.Duration {
 
 // Procs is how many of available processors (GOMAXPROCS) the appliance's
 // Go code should run on in this mode: all of them when it sleeps for want
-// of work; half of them, at least one, when it spins. The clients, which
+// of work; when it spins, half of them, but two where there are two —
+// the spinning loop's and its helper's (spin.Loop), which joins while a
+// stream keeps the loop busy and sleeps otherwise. The clients, which
 // poll their completion queues, need cores of their own: on 2 cores,
 // send_lat 2 B between two namespaces' clients took 16.3 µs with the
-// spinning appliance on two processors and 12.3 µs on one, while
-// write_bw 64 KiB fell from 1.07× to 0.95× TCP (medians of 10 runs of
-// scripts/bench, when each port's reader and each client's poller spun
-// on its own). With one loop polling everything (Config.Loop), two
-// processors measured no better — the loop's goroutine then moves
-// between the runtime's threads: in four sets of ten, bw/tcp medians
-// 0.70–0.79 on two against 0.73–0.89 on one, lat/raw 2.3–3.1 against
-// 2.3–2.9. The config's procs trades back.
+// spinning appliance on two processors and 12.3 µs on one, when each
+// port's reader and each client's poller spun on its own; with one loop
+// for everything and no helper, two processors measured no better (four
+// sets of ten: bw/tcp medians 0.70–0.79 on two against 0.73–0.89 on one,
+// lat/raw 2.3–3.1 against 2.3–2.9). With the helper, on two, write_bw
+// 64 KiB rose to about 1.0× TCP, with lat/raw unchanged (README, Speed).
+// The config's procs trades back.
 func (m PollMode) Procs(available int) int {
 	if m == PollSpin {
-		return max(1, available/2)
+		return min(available, max(2, available/2))
 	}
 	return available
 }

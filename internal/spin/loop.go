@@ -27,10 +27,12 @@ import (
 //     that does the work, marked synchronous, which puts it on the
 //     waker's processor; and the frame a port writes to another port of
 //     the same host is read by the same pass that wrote it, with no
-//     wakeup at all. A second goroutine (the helper) joins the passes
-//     while they keep finding work (helpAfter passes in a row) and the
-//     process has more than one processor (GOMAXPROCS), so that a stream
-//     uses two.
+//     wakeup at all.
+//
+// In both kinds a second goroutine (the helper) joins the passes while
+// they keep finding work (helpAfter passes in a row) and the process has
+// more than one processor (GOMAXPROCS), so that a stream uses two; it
+// sleeps again once its passes find nothing for a while.
 //
 // Each source is polled by one goroutine at a time. Add and AddSleeper may
 // be called from any goroutine, and remove from any but the loop's own
@@ -45,7 +47,8 @@ type Loop struct {
 
 	// A blocking loop's: its eventfd, which Add, remove, AddHold and the
 	// end of Run write to wake it; how long it lingers; its holds; what
-	// one sleep uses, made once.
+	// one sleep uses, made once. And for both kinds: how many passes in a
+	// row found work, and GOMAXPROCS.
 	blocking bool
 	emu      sync.RWMutex // held shared to write efd, exclusively to close it
 	efd      int
@@ -103,7 +106,7 @@ type hold struct {
 
 // NewLoop returns a spinning loop with nothing to poll; Run runs it.
 func NewLoop() *Loop {
-	l := &Loop{wake: make(chan struct{}, 1), efd: -1}
+	l := &Loop{wake: make(chan struct{}, 1), efd: -1, helpWake: make(chan struct{}, 1)}
 	l.list.Store(&[]*loopEntry{})
 	return l
 }
@@ -117,7 +120,6 @@ func NewBlockingLoop() (*Loop, error) {
 	}
 	l := NewLoop()
 	l.blocking, l.efd = true, fd
-	l.helpWake = make(chan struct{}, 1)
 	return l, nil
 }
 
@@ -241,25 +243,26 @@ func (l *Loop) AddHold(due func() int64, flush func()) (remove func()) {
 	}
 }
 
-// Run polls until ctx ends. Only one Run may run at a time. A blocking
-// loop's Run keeps its goroutine on one thread — the one its sources'
-// wakeups reach — and returns once its helper has stopped too.
+// Run polls until ctx ends. Only one Run may run at a time. It returns
+// once its helper has stopped too. A blocking loop's Run keeps its
+// goroutine on one thread — the one its sources' wakeups reach.
 func (l *Loop) Run(ctx context.Context) {
 	var sp Spinner
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		l.help(ctx)
+	}()
 	if l.blocking {
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
-		// The helper, and a goroutine that wakes the loop when ctx ends:
-		// both are gone when Run returns.
-		var wg sync.WaitGroup
-		defer wg.Wait()
+		// A goroutine that wakes the loop when ctx ends, gone when Run
+		// returns.
 		ended := make(chan struct{})
 		defer close(ended)
-		wg.Add(2)
-		go func() {
-			defer wg.Done()
-			l.help(ctx)
-		}()
+		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			select {
@@ -315,6 +318,15 @@ func (l *Loop) passOnce(sp *Spinner) bool {
 			busy++
 		}
 	}
+	if busy > 0 {
+		l.streak++
+	} else {
+		l.streak = 0
+	}
+	if l.streak >= helpAfter && l.procs > 1 && l.helping.CompareAndSwap(false, true) {
+		// Work pass after pass: let the helper share it.
+		l.helpWake <- struct{}{}
+	}
 	if !l.blocking {
 		if busy == 0 {
 			if d := l.rest.Load(); d > 0 {
@@ -326,18 +338,7 @@ func (l *Loop) passOnce(sp *Spinner) bool {
 		return true
 	}
 	holding := l.holding()
-	if busy > 0 {
-		l.streak++
-	} else {
-		l.streak = 0
-	}
 	switch {
-	case l.streak >= helpAfter:
-		// Work pass after pass: let the helper share it.
-		if l.procs > 1 && l.helping.CompareAndSwap(false, true) {
-			l.helpWake <- struct{}{}
-		}
-		fallthrough
 	case busy > 0:
 		if l.linger.Load() > 0 {
 			l.lastWork = time.Now()

@@ -55,14 +55,15 @@ func eventually(t *testing.T, what string, cond func() bool) {
 }
 
 // TestLoopPolls: every poll function added is called, again and again,
-// from one goroutine; one removed is no longer called once remove returns.
+// never by two goroutines at once (the helper may run another meanwhile);
+// one removed is no longer called once remove returns.
 func TestLoopPolls(t *testing.T) {
 	l := NewLoop()
 	runLoop(t, l)
 	var a, b atomic.Int64
-	var inside atomic.Int32 // poll functions running at once
 	var overlap atomic.Bool
 	poll := func(n *atomic.Int64, busy bool) func() bool {
+		var inside atomic.Int32 // goroutines running this poll function
 		return func() bool {
 			if inside.Add(1) > 1 {
 				overlap.Store(true)
@@ -76,7 +77,7 @@ func TestLoopPolls(t *testing.T) {
 	removeB := l.Add(poll(&b, false))
 	eventually(t, "both polled 100 times", func() bool { return a.Load() >= 100 && b.Load() >= 100 })
 	if overlap.Load() {
-		t.Error("two poll functions ran at once")
+		t.Error("a poll function ran in two goroutines at once")
 	}
 	removeA()
 	n := a.Load()
@@ -374,14 +375,18 @@ func TestBlockingLoopRemoveWhileSleeping(t *testing.T) {
 	}
 }
 
-// TestBlockingLoopHelper: work in two sources at once brings the helper:
-// both sources are polled at the same time, each never by two goroutines
-// at once; once the work is done the loop sleeps.
-func TestBlockingLoopHelper(t *testing.T) {
+// TestLoopHelper: in both kinds of loop, work in two sources at once
+// brings the helper: both sources are polled at the same time, each never
+// by two goroutines at once; once the work is done the helper stops.
+func TestLoopHelper(t *testing.T) {
 	if runtime.GOMAXPROCS(0) < 2 {
 		t.Skip("the helper needs a second processor (GOMAXPROCS)")
 	}
-	l := newBlocking(t)
+	t.Run("spinning", func(t *testing.T) { testHelper(t, NewLoop()) })
+	t.Run("blocking", func(t *testing.T) { testHelper(t, newBlocking(t)) })
+}
+
+func testHelper(t *testing.T, l *Loop) {
 	var inside, most atomic.Int32
 	type src struct {
 		left   atomic.Int64
