@@ -389,9 +389,9 @@ func (l *Loop) lingering() bool {
 
 // helpAfter is how many passes in a row must find work before the helper
 // joins: a ping-pong's message takes a pass or two to go through, a
-// stream keeps finding work (send_lat 2 B on 2 cores went from 10.5 to
-// 18–19 µs with 4, write_bw 64 KiB from 0.6× to 1.0–1.2× TCP with 16
-// instead of none).
+// stream keeps finding work (blocking, on 2 cores: send_lat 2 B went from
+// 10.5 to 18–19 µs with 4, write_bw 64 KiB from 0.6× to 1.0–1.2× TCP with
+// 16 instead of none; spinning, write_bw from 0.75× to 1.0×).
 const helpAfter = 16
 
 // helperIdlePasses is how many passes in a row the helper makes without
