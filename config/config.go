@@ -159,9 +159,8 @@ type Config struct {
 	// has, so that its polling loop leaves cores to the clients polling
 	// their completion queues, but two where it has two or three (the
 	// loop's and its helper's, control.PollMode.Procs); all of them
-	// otherwise. The
-	// GOMAXPROCS environment variable replaces that choice; a positive
-	// procs replaces both.
+	// otherwise. The GOMAXPROCS environment variable replaces that
+	// choice; a positive procs replaces both.
 	Procs int
 	// CPUs is the processors the appliance's process runs on, as a
 	// processor list ("1", "2-3,6"; cpulist.Parse), every one of them a

@@ -35,8 +35,8 @@ func TestPollModes(t *testing.T) {
 }
 
 // TestPollModeProcs: a spinning appliance takes half the processors, but
-// two where there are two (its loop's and its helper's); a sleeping one
-// takes them all.
+// two where there are two or three (its loop's and its helper's); a
+// sleeping one takes them all.
 func TestPollModeProcs(t *testing.T) {
 	for _, c := range []struct {
 		mode            PollMode

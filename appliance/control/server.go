@@ -158,9 +158,9 @@ func (m PollMode) AckDelay() time.Duration {
 
 // Procs is how many of available processors (GOMAXPROCS) the appliance's
 // Go code should run on in this mode: all of them when it sleeps for want
-// of work; when it spins, half of them, but two where there are two —
-// the spinning loop's and its helper's (spin.Loop), which joins while a
-// stream keeps the loop busy and sleeps otherwise. The clients, which
+// of work; when it spins, half of them, but two where there are two or
+// three — the spinning loop's and its helper's (spin.Loop), which joins
+// while a stream keeps the loop busy and sleeps otherwise. The clients, which
 // poll their completion queues, need cores of their own: on 2 cores,
 // send_lat 2 B between two namespaces' clients took 16.3 µs with the
 // spinning appliance on two processors and 12.3 µs on one, when each
