@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"github.com/taproce/taproce/internal/spin"
 	"log/slog"
 	"math/bits"
 	"net/netip"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/appliance/transport"
+	"github.com/taproce/taproce/internal/spin"
 	"github.com/taproce/taproce/shmem"
 	"github.com/taproce/taproce/verbs/abi"
 )
