@@ -1,9 +1,13 @@
-// Package testvectors finds the captures of real Linux rxe traffic that
-// tests check taproce's wire format against (shared/vectors beside the
-// repository, or the directory named by TAPROCE_VECTORS).
+// Package testvectors holds the captures of real Linux rxe traffic that
+// tests check taproce's wire format against: testdata/ here, a copy of
+// shared/vectors (regenerated there by shared/peer/make-vectors.sh), so
+// the tests run on a clone of the repository alone. TAPROCE_VECTORS names
+// another directory to use instead.
 package testvectors
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
@@ -16,33 +20,42 @@ import (
 // directory.
 const EnvDir = "TAPROCE_VECTORS"
 
-// Dir returns the vectors directory, or skips the test with a message when
-// there is none.
-func Dir(t testing.TB) string {
-	t.Helper()
+// dir finds the vectors: EnvDir, else this package's testdata, found from
+// the working directory (a test runs in its package's directory) up to
+// the module root.
+func dir() (string, error) {
 	if d := os.Getenv(EnvDir); d != "" {
 		if _, err := os.Stat(d); err != nil {
-			t.Fatalf("%s=%s: %v", EnvDir, d, err)
+			return "", fmt.Errorf("%s=%s: %w", EnvDir, d, err)
 		}
-		return d
+		return d, nil
 	}
 	wd, err := os.Getwd()
 	if err != nil {
-		t.Fatal(err)
+		return "", err
 	}
-	// Walk up to the module root (go.mod) and look beside it.
 	for d := wd; ; d = filepath.Dir(d) {
 		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-			v := filepath.Join(filepath.Dir(d), "shared", "vectors")
+			v := filepath.Join(d, "internal", "testvectors", "testdata")
 			if _, err := os.Stat(v); err != nil {
-				t.Skipf("no rxe capture vectors at %s (set %s): %v", v, EnvDir, err)
+				return "", fmt.Errorf("no rxe capture vectors at %s: %w", v, err)
 			}
-			return v
+			return v, nil
 		}
 		if filepath.Dir(d) == d {
-			t.Skipf("no module root above %s; set %s to the rxe capture vectors", wd, EnvDir)
+			return "", errors.New("no module root above " + wd)
 		}
 	}
+}
+
+// Dir returns the vectors directory; it fails the test when there is none.
+func Dir(t testing.TB) string {
+	t.Helper()
+	d, err := dir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
 }
 
 // File is one capture and its frames.
@@ -80,22 +93,12 @@ func Files(t testing.TB) []File {
 	return files
 }
 
-// FramesIfPresent returns the data of every frame of every capture, or nil
-// when there is no vectors directory. Fuzz targets seed their corpus with
-// it and run without it too.
-func FramesIfPresent() [][]byte {
-	dir := os.Getenv(EnvDir)
-	if dir == "" {
-		wd, err := os.Getwd()
-		if err != nil {
-			return nil
-		}
-		for d := wd; filepath.Dir(d) != d; d = filepath.Dir(d) {
-			if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-				dir = filepath.Join(filepath.Dir(d), "shared", "vectors")
-				break
-			}
-		}
+// Frames returns the data of every frame of every capture, or nil when
+// the vectors cannot be found: fuzz targets seed their corpus with them.
+func Frames() [][]byte {
+	dir, err := dir()
+	if err != nil {
+		return nil
 	}
 	paths, _ := filepath.Glob(filepath.Join(dir, "*.pcap"))
 	var out [][]byte

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -122,7 +122,9 @@ mtu = 4200
 
 	var stderr syncBuffer
 	exit := make(chan int, 1)
-	go func() { exit <- run([]string{"run", "--config", cfgPath, "--log-level", "debug"}, io.Discard, &stderr) }()
+	go func() {
+		exit <- Main([]string{"run", "--config", cfgPath, "--log-level", "debug"}, io.Discard, &stderr)
+	}()
 
 	deadline := time.Now().Add(10 * time.Second)
 	for {

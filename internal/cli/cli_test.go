@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -12,7 +12,7 @@ import (
 
 func runCmd(args ...string) (int, string, string) {
 	var out, errb bytes.Buffer
-	code := run(args, &out, &errb)
+	code := Main(args, &out, &errb)
 	return code, out.String(), errb.String()
 }
 
@@ -68,7 +68,7 @@ func TestCommandLine(t *testing.T) {
 		{[]string{"decode"}, 2, ""},
 		{[]string{"decode", "-h"}, 0, ""},
 		{[]string{"decode", "/nonexistent/file.pcap"}, 2, ""},
-		{[]string{"config", "config/taproce.toml"}, 0, "ok"},
+		{[]string{"config", "../../config/taproce.toml"}, 0, "ok"},
 		{[]string{"config", "/nonexistent.toml"}, 1, ""},
 		{[]string{"config"}, 2, ""},
 		{[]string{"lab", "-h"}, 0, ""},

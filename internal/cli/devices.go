@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -12,11 +12,6 @@ import (
 	"github.com/taproce/taproce/internal/pingpong"
 	"github.com/taproce/taproce/verbs"
 )
-
-func init() {
-	commands["devices"] = command{"list the appliance's devices, as ibv_devices does", runDevices}
-	commands["devinfo"] = command{"show devices' attributes, as ibv_devinfo does", runDevinfo}
-}
 
 // deviceTimeout bounds the talk with the appliance of devices and devinfo.
 const deviceTimeout = 10 * time.Second

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -43,7 +43,7 @@ func TestPingpongCommand(t *testing.T) {
 			done := make(chan result, 1)
 			go func() {
 				var out, errb bytes.Buffer
-				code := run(append([]string{"pingpong", "-d", "taproce0", "-p", port}, c.flags...), &out, &errb)
+				code := Main(append([]string{"pingpong", "-d", "taproce0", "-p", port}, c.flags...), &out, &errb)
 				done <- result{code, out.String(), errb.String()}
 			}()
 			// The server listens once it has set up its QP: retry while

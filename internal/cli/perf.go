@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -12,10 +12,6 @@ import (
 
 	"github.com/taproce/taproce/internal/perf"
 )
-
-func init() {
-	commands["perf"] = command{"measure RDMA bandwidth and latency as perftest does (write_bw, send_lat, …), against perftest or taproce", runPerf}
-}
 
 // singleProc runs the process on one P unless GOMAXPROCS says otherwise:
 // perf and pingpong measure with one goroutine, as perftest and the

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -20,23 +20,23 @@ import (
 
 func TestPerfUsage(t *testing.T) {
 	var out, errb bytes.Buffer
-	if code := run([]string{"perf", "-h"}, &out, &errb); code != 0 || !strings.Contains(out.String(), "Usage: taproce perf TEST") {
+	if code := Main([]string{"perf", "-h"}, &out, &errb); code != 0 || !strings.Contains(out.String(), "Usage: taproce perf TEST") {
 		t.Errorf("-h: %d %q %q", code, out.String(), errb.String())
 	}
 	out.Reset()
-	if code := run([]string{"perf", "write_bw", "-V"}, &out, &errb); code != 0 || out.String() != "Version: 6.06\n" {
+	if code := Main([]string{"perf", "write_bw", "-V"}, &out, &errb); code != 0 || out.String() != "Version: 6.06\n" {
 		t.Errorf("-V: %d %q", code, out.String())
 	}
 	errb.Reset()
-	if code := run([]string{"perf", "write"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), `unknown test "write"`) {
+	if code := Main([]string{"perf", "write"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), `unknown test "write"`) {
 		t.Errorf("bad test: %d %q", code, errb.String())
 	}
 	errb.Reset()
-	if code := run([]string{"perf", "atomic_bw", "-s", "16"}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "taproce perf: message size cannot be changed") {
+	if code := Main([]string{"perf", "atomic_bw", "-s", "16"}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "taproce perf: message size cannot be changed") {
 		t.Errorf("atomic size: %d %q", code, errb.String())
 	}
 	out.Reset()
-	run([]string{"-h"}, &out, &errb)
+	Main([]string{"-h"}, &out, &errb)
 	if !strings.Contains(out.String(), "  perf ") {
 		t.Errorf("perf missing from the commands:\n%s", out.String())
 	}
@@ -93,11 +93,11 @@ func TestPerfCommand(t *testing.T) {
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
-			scode = run([]string{"perf", c.test, "-d", "taproce0", "-p", port, "-n", "20", "-s", c.size}, &sout, &serr)
+			scode = Main([]string{"perf", c.test, "-d", "taproce0", "-p", port, "-n", "20", "-s", c.size}, &sout, &serr)
 		}()
 		go func() {
 			defer wg.Done()
-			ccode = run([]string{"perf", c.test, "-d", "taproce1", "-p", port, "-n", "20", "-s", c.size, "-F", "127.0.0.1"}, &cout, &cerr)
+			ccode = Main([]string{"perf", c.test, "-d", "taproce1", "-p", port, "-n", "20", "-s", c.size, "-F", "127.0.0.1"}, &cout, &cerr)
 		}()
 		wg.Wait()
 		if scode != 0 || ccode != 0 {

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -11,10 +11,6 @@ import (
 
 	"github.com/taproce/taproce/internal/pingpong"
 )
-
-func init() {
-	commands["pingpong"] = command{"ibv_rc_pingpong, ibv_uc_pingpong and ibv_ud_pingpong on the appliance's verbs", runPingpong}
-}
 
 // runPingpong is `taproce pingpong [options] [server]`: the rdma-core
 // pingpong tools' behaviour, flags, output and out-of-band exchange, as a

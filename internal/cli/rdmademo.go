@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -16,10 +16,6 @@ import (
 
 	"github.com/taproce/taproce/verbs"
 )
-
-func init() {
-	commands["rdma-demo"] = command{"exchange data with RDMA WRITE, READ and FETCH_ADD between two applications and check it (a smoke test)", runRDMADemo}
-}
 
 // runRDMADemo is `taproce rdma-demo [flags] listen|dial ADDR`: two
 // applications, one listening and one dialing, connect with the verbs

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -13,10 +13,6 @@ import (
 	"github.com/taproce/taproce/appliance/daemon"
 	"github.com/taproce/taproce/config"
 )
-
-func init() {
-	commands["run"] = command{"run the appliance daemon: ports, verbs, admin API for the CNI plugin, metrics", runRun}
-}
 
 // runRun implements `taproce run --config FILE`: the appliance daemon. It
 // serves until SIGTERM or SIGINT, shuts down, and exits 0 when the
