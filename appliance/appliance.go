@@ -12,10 +12,25 @@ import (
 	"time"
 
 	"github.com/taproce/taproce/appliance/control"
+	"github.com/taproce/taproce/appliance/poll"
 	"github.com/taproce/taproce/internal/cpulist"
-	"github.com/taproce/taproce/internal/spin"
 	"github.com/taproce/taproce/tap"
 )
+
+// PollMode is how the appliance waits for its clients' posts and its
+// ports' frames (poll.Mode, config poll), named here for the programs
+// that host an appliance, so that only the appliance imports its loop.
+type PollMode = poll.Mode
+
+// The poll modes (poll.Adaptive, poll.Block, poll.Spin).
+const (
+	PollAdaptive = poll.Adaptive
+	PollBlock    = poll.Block
+	PollSpin     = poll.Spin
+)
+
+// ParsePollMode reads "block", "spin" or "adaptive" (poll.ParseMode).
+func ParsePollMode(s string) (PollMode, error) { return poll.ParseMode(s) }
 
 // Options describe an appliance.
 type Options struct {
@@ -24,7 +39,7 @@ type Options struct {
 	// Limits per client, and how the appliance waits for their posts and
 	// for its ports' frames.
 	Limits control.Limits
-	Poll   control.PollMode
+	Poll   PollMode
 	// LocalSwitch lets traffic between the appliance's own ports cross in
 	// memory instead of through their TAPs.
 	LocalSwitch bool
@@ -41,11 +56,11 @@ type Options struct {
 // Procs returns the GOMAXPROCS an appliance process should run with, or 0
 // to leave the runtime's choice: configured when it is positive; else
 // none when the GOMAXPROCS environment variable chose already; else what
-// the poll mode takes (control.PollMode.Procs) of cpus processors — those
+// the poll mode takes (poll.Mode.Procs) of cpus processors — those
 // the appliance is pinned to (config cpus) — or, for cpus 0, of those the
 // runtime gave the process. Only the process that hosts the appliance can
 // apply it: it is the whole process's setting.
-func Procs(mode control.PollMode, configured, cpus int) int {
+func Procs(mode PollMode, configured, cpus int) int {
 	switch {
 	case configured > 0:
 		return configured
@@ -68,7 +83,7 @@ func Procs(mode control.PollMode, configured, cpus int) int {
 // for procs (config procs). restore puts both back as they were. A list
 // that names a processor the process may not use is an error wrapping
 // cpulist.ErrNotAllowed; Place then changes nothing.
-func Place(mode control.PollMode, procs int, cpus string) (restore func() error, err error) {
+func Place(mode PollMode, procs int, cpus string) (restore func() error, err error) {
 	unpin := func() error { return nil }
 	n := 0
 	if cpus != "" {
@@ -111,9 +126,8 @@ type Appliance struct {
 	closed bool // Close was called
 
 	// loop polls the ports and the clients' rings: spinning, or blocking
-	// when the appliance sleeps; nil only when a blocking loop could not
-	// be made. It runs from New to Close.
-	loop     *spin.Loop
+	// when the appliance sleeps. It runs from New to Close.
+	loop     *poll.Loop
 	loopStop context.CancelFunc
 	loopDone chan struct{}
 }
@@ -121,8 +135,9 @@ type Appliance struct {
 // ErrClosed is AddPort's and AddPortOn's error once Close was called.
 var ErrClosed = errors.New("appliance: closed")
 
-// New returns an appliance with no ports.
-func New(opt Options) *Appliance {
+// New returns an appliance with no ports, its polling loop running; the
+// error is the loop's, which a blocking mode makes with an eventfd.
+func New(opt Options) (*Appliance, error) {
 	if opt.Logger == nil {
 		opt.Logger = slog.Default()
 	}
@@ -130,29 +145,22 @@ func New(opt Options) *Appliance {
 	if opt.LocalSwitch {
 		a.sw = NewSwitch()
 	}
-	// One loop polls every port and client (spin.Loop): spinning, or
-	// sleeping in ppoll when it finds nothing (after lingering, adaptive).
-	if opt.Poll == control.PollSpin {
-		a.loop = spin.NewLoop()
-	} else if l, err := spin.NewBlockingLoop(); err != nil {
-		// Without it, each port and client gets a goroutine that sleeps
-		// in the runtime's poller.
-		a.log.Warn("appliance: no polling loop; a goroutine per port and client instead", "err", err)
-	} else {
-		l.SetLinger(max(opt.Poll.Spin(), 0))
-		a.loop = l
+	// One loop polls every port and client: spinning, or sleeping in
+	// ppoll when it finds nothing (after lingering, adaptive).
+	loop, err := poll.New(opt.Poll)
+	if err != nil {
+		return nil, fmt.Errorf("appliance: %w", err)
 	}
-	if a.loop != nil {
-		ctx, stop := context.WithCancel(context.Background())
-		a.loopStop, a.loopDone = stop, make(chan struct{})
-		go func() {
-			defer close(a.loopDone)
-			a.loop.Run(ctx)
-		}()
-	}
-	a.ctrl = control.New(control.Config{Socket: opt.Socket, Limits: opt.Limits, Poll: opt.Poll, Loop: a.loop, Logger: opt.Logger,
+	a.loop = loop
+	ctx, stop := context.WithCancel(context.Background())
+	a.loopStop, a.loopDone = stop, make(chan struct{})
+	go func() {
+		defer close(a.loopDone)
+		a.loop.Run(ctx)
+	}()
+	a.ctrl = control.New(control.Config{Socket: opt.Socket, Limits: opt.Limits, Loop: a.loop, Logger: opt.Logger,
 		PeerNetns: opt.PeerNetns, Linger: opt.Linger})
-	return a
+	return a, nil
 }
 
 // Control returns the control server.
@@ -189,12 +197,8 @@ func (a *Appliance) AddPortOn(dev tap.Device, cfg PortConfig) (*NIC, error) {
 	}
 	// The appliance's poll mode says how it waits for frames as well as
 	// for its clients' posts.
-	cfg.ReadSpin = a.opt.Poll.Spin()
 	cfg.Loop = a.loop
 	cfg.AckDelay = a.opt.Poll.AckDelay()
-	if a.loop == nil {
-		cfg.AckDelay = 0 // nothing would hold them
-	}
 	user := cfg.OnLink
 	cfg.OnLink = func(up bool) {
 		a.ctrl.PortEvent(name, up)
@@ -266,18 +270,15 @@ func (a *Appliance) Close() error {
 	a.mu.Lock()
 	clear(a.nics)
 	a.mu.Unlock()
-	if a.loopStop != nil {
-		a.loopStop()
-		<-a.loopDone
-		err = errors.Join(err, a.loop.Close())
-	}
+	a.loopStop()
+	<-a.loopDone
+	err = errors.Join(err, a.loop.Close())
 	return err
 }
 
 // Loop returns the loop that polls the ports and the clients' rings: a
-// spinning loop when the appliance spins, a blocking one otherwise (nil
-// when that could not be made).
-func (a *Appliance) Loop() *spin.Loop { return a.loop }
+// spinning loop when the appliance spins, a blocking one otherwise.
+func (a *Appliance) Loop() *poll.Loop { return a.loop }
 
 // Namespace returns the name the port was configured with in
 // PortConfig.Namespace (a namespace's name, or an attachment's ID), which

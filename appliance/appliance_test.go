@@ -6,20 +6,22 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/taproce/taproce/appliance/control"
 	"github.com/taproce/taproce/internal/testnet"
 	"github.com/taproce/taproce/tap"
 )
 
 // TestApplianceLoopLifetime: a spinning appliance has a spinning loop that
-// reads its ports, a sleeping one a blocking loop, which reads the ports
-// it can sleep on (not a fake without a descriptor); once closed, the loop
-// has stopped and no port can be added, where one would never be read.
+// reads its ports, a sleeping one a blocking loop, which reads its ports
+// too (a fake TAP like a real one); once closed, the loop has stopped and
+// no port can be added, where one would never be read.
 func TestApplianceLoopLifetime(t *testing.T) {
-	for _, mode := range []control.PollMode{control.PollSpin, control.PollBlock} {
+	for _, mode := range []PollMode{PollSpin, PollBlock} {
 		t.Run(mode.String(), func(t *testing.T) {
-			a := New(Options{Socket: filepath.Join(t.TempDir(), "s.sock"), Poll: mode})
-			if a.Loop() == nil || a.Loop().Blocking() != (mode != control.PollSpin) {
+			a, err := New(Options{Socket: filepath.Join(t.TempDir(), "s.sock"), Poll: mode})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a.Loop() == nil || a.Loop().Blocking() != (mode != PollSpin) {
 				t.Fatalf("Loop() = %v in mode %s", a.Loop(), mode)
 			}
 			cfg := PortConfig{Namespace: "test", Addrs: []netip.Prefix{netip.MustParsePrefix("10.55.0.1/24")}}
@@ -29,18 +31,16 @@ func TestApplianceLoopLifetime(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if polled := n.Port().tr != nil; polled != (mode == control.PollSpin) {
-				t.Errorf("port read by the loop: %v in mode %s", polled, mode)
+			if n.Port().cfg.Loop != a.Loop() || n.Port().ownLoop != nil {
+				t.Errorf("port not read by the appliance's loop in mode %s", mode)
 			}
 			if err := a.Close(); err != nil {
 				t.Fatal(err)
 			}
-			if a.loopDone != nil {
-				select {
-				case <-a.loopDone:
-				default:
-					t.Error("the loop still runs after Close")
-				}
+			select {
+			case <-a.loopDone:
+			default:
+				t.Error("the loop still runs after Close")
 			}
 			dev2, peer2 := tap.NewFakePair(1500, 16)
 			defer dev2.Close()
@@ -57,23 +57,26 @@ func TestApplianceLoopLifetime(t *testing.T) {
 // poller; a spinning one reads it too, through the poller's descriptor.
 func TestBlockingLoopReadsTAPs(t *testing.T) {
 	_, path := testnet.Namespace(t)
-	for _, mode := range []control.PollMode{control.PollBlock, control.PollAdaptive, control.PollSpin} {
+	for _, mode := range []PollMode{PollBlock, PollAdaptive, PollSpin} {
 		t.Run(mode.String(), func(t *testing.T) {
-			a := New(Options{Socket: filepath.Join(t.TempDir(), "s.sock"), Poll: mode})
+			a, err := New(Options{Socket: filepath.Join(t.TempDir(), "s.sock"), Poll: mode})
+			if err != nil {
+				t.Fatal(err)
+			}
 			defer a.Close()
 			n, err := a.AddPort(PortConfig{Namespace: "test", Netns: path, Name: "blk0",
 				Addrs: []netip.Prefix{netip.MustParsePrefix("10.55.7.1/24")}})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if n.Port().tr == nil {
-				t.Error("the port is not read by the loop")
+			if n.Port().cfg.Loop != a.Loop() {
+				t.Error("the port is not read by the appliance's loop")
 			}
 			dev, ok := n.Port().Device().(*tap.Tap)
 			if !ok {
 				t.Fatalf("device %T", n.Port().Device())
 			}
-			if got := dev.Unpolled(); got != (mode != control.PollSpin) {
+			if got := dev.Unpolled(); got != (mode != PollSpin) {
 				t.Errorf("Unpolled() = %v in mode %s", got, mode)
 			}
 		})

@@ -1,6 +1,7 @@
 package appliance
 
 import (
+	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -12,10 +13,10 @@ import (
 	"time"
 
 	"github.com/taproce/taproce/appliance/capture"
-	"github.com/taproce/taproce/appliance/impair"
+	"github.com/taproce/taproce/appliance/poll"
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/appliance/station"
-	"github.com/taproce/taproce/internal/spin"
+	"github.com/taproce/taproce/internal/impair"
 	"github.com/taproce/taproce/tap"
 )
 
@@ -36,17 +37,12 @@ type PortConfig struct {
 	MTU int
 	// Offload asks for UDP GSO super-frames on the TAP.
 	Offload bool
-	// ReadSpin is how the port's reader waits for frames: it busy-polls
-	// the TAP for this long before it sleeps; 0 sleeps at once, a
-	// negative value never sleeps (see tap.Tap.SetSpin).
-	ReadSpin time.Duration
-	// Loop, when set, reads the device in its passes (tap.Tap.TryReadEach)
-	// instead of a reader goroutine of the port's own: the appliance's one
-	// polling loop. A blocking loop sleeps on the TAP's descriptor, which
-	// OpenPort then keeps out of the Go runtime's poller (tap.Config
-	// Unpolled); a device without one (a fake) keeps a reader goroutine.
-	// ReadSpin then does not apply.
-	Loop *spin.Loop
+	// Loop reads the device in its passes (tap.Device.TryReadEach): the
+	// appliance's one polling loop. A blocking loop sleeps on the
+	// device's descriptor, which OpenPort then keeps out of the Go
+	// runtime's poller (tap.Config.Unpolled). Without one the port runs a
+	// blocking loop of its own: every port reads its device one way.
+	Loop *poll.Loop
 	// AckDelay is how long the NIC's transport lets a positive
 	// acknowledgement wait for a frame to go out with
 	// (transport.Config.AckDelay); 0 sends each at once.
@@ -58,11 +54,11 @@ type PortConfig struct {
 	// ones as they come off the wire, before ingress impairment — where
 	// tcpdump on the interface would see them.
 	Capture *capture.Writer
-	// Handler receives the RoCEv2 packets addressed to the port, on the
-	// goroutine that reads the port — its reader, or the polling Loop,
-	// which it then holds up: it must not wait long, nor close the port
-	// (Close waits for that goroutine). frame is valid only during the
-	// call.
+	// Handler receives the RoCEv2 packets addressed to the port — parsed,
+	// to the port's MAC and one of its addresses, with a good ICRC — on
+	// the goroutine of the polling Loop, which it holds up: it must not
+	// wait long, nor close the port (Close waits for the loop). frame and
+	// p are valid only during the call.
 	Handler func(frame []byte, p *roce.Packet)
 	// Logger for the port's events (default slog.Default()).
 	Logger *slog.Logger
@@ -97,7 +93,13 @@ type PortStats struct {
 	// RxErrors counts reads of the device that failed, TxErrors writes.
 	RxErrors, TxErrors uint64
 	Ingress, Egress    impair.Counters
-	Station            station.Stats
+	// Delivered counts the RoCEv2 packets handed to the Handler; Drops
+	// every received frame dropped, by reason, whether the RoCE receive
+	// path or the station dropped it.
+	Delivered uint64
+	Drops     [station.NumDropReasons]uint64
+	// Station counts what the station did (its drops are in Drops too).
+	Station station.Stats
 }
 
 // Port is a NIC port: a TAP device in a namespace, the station behind it,
@@ -110,22 +112,24 @@ type Port struct {
 
 	ingress, egress *impair.Impairer
 	egressMu        sync.Mutex
-	ingressMu       sync.Mutex  // serialises station input from the reader and the flusher
+	ingressMu       sync.Mutex  // serialises delivery from the loop and the flusher
 	rxPkt           roce.Packet // descriptor of the frame being delivered, under ingressMu
 	ctl             []byte      // headroom + one frame, for station and impaired sends
 	ctlBufs         [][]byte    // the one-element batch holding ctl, under egressMu
 
 	rxFrames, rxBytes, txFrames, txBytes, txErrors, rxErrors atomic.Uint64
+	delivered                                                atomic.Uint64
+	drops                                                    [station.NumDropReasons]atomic.Uint64
 
 	txq       txQueue     // SendAsync's queue and writer state
 	inlineAll bool        // SendAsync writes every batch at once (a blocking loop's port)
 	down      atomic.Bool // the last read failed
 
-	// Read by a polling loop (PortConfig.Loop) instead of readLoop.
-	tr        tryReader
+	// Read by a polling loop (PortConfig.Loop, or the port's own).
 	onFrameFn func([]byte) // p.onFrame, made once
 	unpoll    func()       // takes pollOnce out of the loop
 	retryAt   time.Time    // after a failed read, when to read again
+	ownLoop   func() error // stops and releases the port's own loop, nil with PortConfig.Loop
 
 	closeOnce sync.Once
 	done      chan struct{}
@@ -146,14 +150,14 @@ func OpenPort(cfg PortConfig) (*Port, error) {
 		MAC:     net.HardwareAddr(devMAC[:]),
 		MTU:     cfg.MTU,
 		Offload: cfg.Offload,
-		// A blocking loop sleeps on the descriptor itself; in the
-		// runtime's poller too, every frame would also wake the runtime.
-		Unpolled: cfg.Loop.Blocking(),
+		// A blocking loop (the port's own when it has none) sleeps on the
+		// descriptor itself; in the runtime's poller too, every frame
+		// would also wake the runtime.
+		Unpolled: cfg.Loop == nil || cfg.Loop.Blocking(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("port %s/%s: %w", cfg.Namespace, cfg.Name, err)
 	}
-	dev.SetSpin(cfg.ReadSpin)
 	p, err := NewPort(dev, cfg)
 	if err != nil {
 		dev.Close()
@@ -201,25 +205,22 @@ func NewPort(dev tap.Device, cfg PortConfig) (*Port, error) {
 		return nil, fmt.Errorf("port %s/%s: %w", cfg.Namespace, cfg.Name, err)
 	}
 	p.st = st
+	if cfg.Loop == nil {
+		if cfg.Loop, err = p.runOwnLoop(); err != nil {
+			return nil, fmt.Errorf("port %s/%s: %w", cfg.Namespace, cfg.Name, err)
+		}
+		p.cfg.Loop = cfg.Loop
+	}
 	p.txq.items = make(chan txItem, txQueueLen)
 	p.inlineAll = cfg.Loop.Blocking()
 	p.wg.Add(1)
 	go p.writeLoop()
-	tr, ok := dev.(tryReader)
-	fd, hasFd := dev.(fdDevice)
-	switch {
-	case ok && cfg.Loop.Blocking() && hasFd:
+	p.onFrameFn = p.onFrame
+	if cfg.Loop.Blocking() {
 		// The loop sleeps on the device's descriptor.
-		p.tr, p.onFrameFn = tr, p.onFrame
-		p.unpoll = cfg.Loop.AddSleeper(p.pollOnce, spin.Sleeper{Fd: fd.Fd()})
-	case ok && cfg.Loop != nil && !cfg.Loop.Blocking():
-		p.tr, p.onFrameFn = tr, p.onFrame
+		p.unpoll = cfg.Loop.AddSleeper(p.pollOnce, poll.Sleeper{Fd: dev.Fd()})
+	} else {
 		p.unpoll = cfg.Loop.Add(p.pollOnce)
-	default:
-		// A reader of its own, sleeping in the runtime's poller (a device
-		// a blocking loop cannot sleep on: a fake in tests).
-		p.wg.Add(1)
-		go p.readLoop()
 	}
 	if holds(cfg.Ingress) || holds(cfg.Egress) {
 		p.wg.Add(1)
@@ -228,6 +229,26 @@ func NewPort(dev tap.Device, cfg PortConfig) (*Port, error) {
 	st.Announce()
 	p.log.Info("port up", "mac", cfg.MAC, "addrs", cfg.Addrs, "mtu", cfg.MTU)
 	return p, nil
+}
+
+// runOwnLoop starts the blocking loop of a port that was given none.
+func (p *Port) runOwnLoop() (*poll.Loop, error) {
+	l, err := poll.NewBlockingLoop()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		l.Run(ctx)
+	}()
+	p.ownLoop = func() error {
+		cancel()
+		<-done
+		return l.Close()
+	}
+	return l, nil
 }
 
 // holds reports whether an impairment holds frames back for later, so
@@ -248,7 +269,10 @@ func (p *Port) Stats() PortStats {
 	s := PortStats{
 		RxFrames: p.rxFrames.Load(), RxBytes: p.rxBytes.Load(),
 		TxFrames: p.txFrames.Load(), TxBytes: p.txBytes.Load(), RxErrors: p.rxErrors.Load(), TxErrors: p.txErrors.Load(),
-		Station: p.st.Stats(),
+		Delivered: p.delivered.Load(), Station: p.st.Stats(),
+	}
+	for i := range s.Drops {
+		s.Drops[i] = p.drops[i].Load() + s.Station.Drops[i]
 	}
 	if p.ingress != nil {
 		s.Ingress = p.ingress.Counters()
@@ -264,11 +288,12 @@ func (p *Port) Close() error {
 	var err error
 	p.closeOnce.Do(func() {
 		close(p.done)
-		if p.unpoll != nil {
-			p.unpoll()
-		}
+		p.unpoll()
 		err = p.dev.Close()
 		p.wg.Wait()
+		if p.ownLoop != nil {
+			err = errors.Join(err, p.ownLoop())
+		}
 	})
 	return err
 }
@@ -346,21 +371,6 @@ func (p *Port) writeCtlLocked(frame []byte) {
 	p.txBytes.Add(uint64(n))
 }
 
-// frameReader is a device that hands out frames in place (tap.Tap).
-type frameReader interface {
-	ReadEach(fn func(frame []byte)) (int, error)
-}
-
-// fdDevice is a device whose descriptor a blocking loop can sleep on
-// (tap.Tap opened Unpolled).
-type fdDevice interface{ Fd() int }
-
-// tryReader is a device a polling loop can read: in place, never waiting
-// (tap.Tap).
-type tryReader interface {
-	TryReadEach(fn func(frame []byte)) (int, error)
-}
-
 // pollOnce is the port's part of a pass of its polling loop: one read that
 // never waits. It reports whether it found frames. After a failed read the
 // port is down and reads again only a millisecond later, so that a device
@@ -369,7 +379,7 @@ func (p *Port) pollOnce() bool {
 	if p.down.Load() && time.Now().Before(p.retryAt) {
 		return false
 	}
-	n, err := p.tr.TryReadEach(p.onFrameFn)
+	n, err := p.dev.TryReadEach(p.onFrameFn)
 	if err != nil {
 		if errors.Is(err, tap.ErrClosed) {
 			return false
@@ -380,41 +390,6 @@ func (p *Port) pollOnce() bool {
 	}
 	p.linkUp()
 	return n > 0
-}
-
-func (p *Port) readLoop() {
-	defer p.wg.Done()
-	if fr, ok := p.dev.(frameReader); ok {
-		onFrame := p.onFrame
-		for {
-			if _, err := fr.ReadEach(onFrame); err != nil {
-				if p.readFailed(err) {
-					return
-				}
-				continue
-			}
-			p.linkUp()
-		}
-	}
-	batch := p.dev.BatchSize()
-	bufs := make([][]byte, batch)
-	sizes := make([]int, batch)
-	for i := range bufs {
-		bufs[i] = make([]byte, tap.Headroom+p.cfg.MTU+roce.EthernetLen)
-	}
-	for {
-		n, err := p.dev.Read(bufs, sizes, tap.Headroom)
-		for i := 0; i < n; i++ {
-			p.onFrame(bufs[i][tap.Headroom : tap.Headroom+sizes[i]])
-		}
-		if err != nil {
-			if p.readFailed(err) {
-				return
-			}
-			continue
-		}
-		p.linkUp()
-	}
 }
 
 // linkUp notes a good read; after a failure it tells OnLink the port
@@ -433,7 +408,7 @@ func (p *Port) linkUp() {
 func (p *Port) Up() bool { return !p.down.Load() }
 
 // onFrame takes one frame off the wire: counted, captured, impaired, then
-// to the station and the handler.
+// delivered (deliverLocked).
 func (p *Port) onFrame(frame []byte) {
 	p.rxFrames.Add(1)
 	p.rxBytes.Add(uint64(len(frame)))
@@ -447,21 +422,6 @@ func (p *Port) onFrame(frame []byte) {
 		p.deliverLocked(frame)
 	}
 	p.ingressMu.Unlock()
-}
-
-// readFailed logs a read error and reports whether the reader must stop.
-func (p *Port) readFailed(err error) bool {
-	if errors.Is(err, tap.ErrClosed) {
-		return true
-	}
-	select {
-	case <-p.done:
-		return true
-	default:
-	}
-	p.linkDown(err)
-	time.Sleep(time.Millisecond) // a device that fails at once every time must not spin
-	return false
 }
 
 // linkDown counts a failed read and, when the port was up, logs it and
@@ -480,17 +440,56 @@ func (p *Port) linkDown(err error) {
 	}
 }
 
-// deliverLocked passes one received frame to the station and, when it is a
-// RoCEv2 packet for the port, to the handler. ingressMu is held.
+// deliverLocked is the port's one receive path for a frame that came off
+// the wire (and through the ingress impairment), as the kernel's is for
+// rxe: UDP to port 4791 goes to the RoCE receive path (recvRoCE, rxe_recv's
+// checks), everything else to the station, which answers ARP, neighbour
+// solicitations and echo requests and drops the rest. ingressMu is held.
 func (p *Port) deliverLocked(frame []byte) {
-	if p.st.Input(frame, &p.rxPkt) == station.Deliver && p.cfg.Handler != nil {
-		p.cfg.Handler(frame, &p.rxPkt)
+	if roce.IsRoCE(frame) {
+		p.recvRoCE(frame)
+		return
+	}
+	p.st.Input(frame)
+}
+
+// recvRoCE checks a RoCEv2 frame as rxe_recv does — the headers
+// (roce.Parse, which checks an IPv4 header's checksum: the one check of
+// it), the destination MAC and address, the ICRC — and hands it to the
+// Handler; what fails is dropped and counted by reason. ingressMu is held.
+func (p *Port) recvRoCE(frame []byte) {
+	if roce.Ethernet(frame).Dst() != p.cfg.MAC {
+		p.drop(station.DropNotForUs)
+		return
+	}
+	pk := &p.rxPkt
+	if err := roce.Parse(frame, pk); err != nil {
+		if errors.Is(err, roce.ErrIPChecksum) || errors.Is(err, roce.ErrIPVersion) {
+			p.drop(station.DropMalformed)
+		} else {
+			p.drop(station.DropRoCE)
+		}
+		return
+	}
+	if !p.st.Owns(pk.Dst) {
+		p.drop(station.DropNotOurIP)
+		return
+	}
+	if pk.VerifyICRC(frame) != nil {
+		p.drop(station.DropICRC)
+		return
+	}
+	p.delivered.Add(1)
+	if p.cfg.Handler != nil {
+		p.cfg.Handler(frame, pk)
 	}
 }
 
+func (p *Port) drop(r station.DropReason) { p.drops[r].Add(1) }
+
 // flushLoop releases delayed and reordered frames when they fall due.
-// Ingress frames released here go through the station on this goroutine,
-// serialised with the reader by ingressMu.
+// Ingress frames released here are delivered on this goroutine,
+// serialised with the loop by ingressMu.
 func (p *Port) flushLoop() {
 	defer p.wg.Done()
 	tick := time.NewTicker(100 * time.Microsecond)

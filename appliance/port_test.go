@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"path/filepath"
@@ -14,10 +15,12 @@ import (
 	"time"
 
 	"github.com/taproce/taproce/appliance/capture"
-	"github.com/taproce/taproce/appliance/impair"
+	"github.com/taproce/taproce/appliance/poll"
 	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/appliance/station"
 	"github.com/taproce/taproce/appliance/transport"
-	"github.com/taproce/taproce/internal/spin"
+	"github.com/taproce/taproce/internal/impair"
+	"github.com/taproce/taproce/internal/testvectors"
 	"github.com/taproce/taproce/tap"
 )
 
@@ -85,7 +88,7 @@ func (w wire) send(f []byte) {
 
 func newTestPort(t *testing.T, cfg PortConfig) (*Port, wire) {
 	t.Helper()
-	a, b := tap.NewFakePair(1500, 256)
+	a, b := tap.NewFakePair(1500, 4096) // the test's reader must not lose frames
 	cfg.Namespace, cfg.Name = "test", "roce0"
 	cfg.Addrs = []netip.Prefix{netip.MustParsePrefix("10.55.0.1/24"), netip.MustParsePrefix("fd55::1/64")}
 	p, err := NewPort(a, cfg)
@@ -115,7 +118,7 @@ func arpRequest(target netip.Addr) []byte {
 	return f
 }
 
-func roceTo(t *testing.T, dst roce.MAC, qp uint32) []byte {
+func roceTo(t testing.TB, dst roce.MAC, qp uint32) []byte {
 	p := roce.Packet{
 		DstMAC: dst, SrcMAC: peerMAC, Src: peerV4, Dst: portV4, TTL: 64,
 		SrcPort: 0xC123, DstPort: roce.UDPPort,
@@ -141,35 +144,45 @@ func TestDeriveMAC(t *testing.T) {
 	}
 }
 
-// TestPortStation runs the station through the port on a fake TAP: ARP
-// answered with the port's MAC, RoCE delivered to the handler, a frame for
-// another MAC dropped — the device read by a reader of the port's own and
-// by a polling loop (PortConfig.Loop).
+// TestPortStation runs a port on a fake TAP, read the way every port is
+// read (TryReadEach in the passes of a loop): ARP answered with the port's
+// MAC, RoCE delivered to the handler, a RoCE frame for another MAC
+// dropped — on a loop of the port's own (none given), a spinning loop and
+// a blocking one.
 func TestPortStation(t *testing.T) {
-	for _, polled := range []bool{false, true} {
-		t.Run(map[bool]string{false: "reader", true: "loop"}[polled], func(t *testing.T) {
-			testPortStation(t, polled)
+	for _, c := range []struct {
+		name string
+		loop func() (*poll.Loop, error)
+	}{
+		{"own", func() (*poll.Loop, error) { return nil, nil }},
+		{"spinning", func() (*poll.Loop, error) { return poll.NewLoop(), nil }},
+		{"blocking", poll.NewBlockingLoop},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			loop, err := c.loop()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if loop != nil {
+				ctx, cancel := context.WithCancel(context.Background())
+				done := make(chan struct{})
+				go func() { loop.Run(ctx); close(done) }()
+				t.Cleanup(func() { cancel(); <-done; loop.Close() })
+			}
+			testPortStation(t, loop)
 		})
 	}
 }
 
-func testPortStation(t *testing.T, polled bool) {
-	var loop *spin.Loop
-	if polled {
-		loop = spin.NewLoop()
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { loop.Run(ctx); close(done) }()
-		t.Cleanup(func() { cancel(); <-done })
-	}
+func testPortStation(t *testing.T, loop *poll.Loop) {
 	var handled atomic.Uint32
 	p, w := newTestPort(t, PortConfig{Loop: loop, Handler: func(frame []byte, pkt *roce.Packet) {
 		if pkt.BTH.DestQP == 0x77 && string(pkt.Payload(frame)) == "over the fake wire" {
 			handled.Add(1)
 		}
 	}})
-	if (p.tr != nil) != polled {
-		t.Fatalf("polled by the loop: %v, want %v", p.tr != nil, polled)
+	if (p.ownLoop != nil) != (loop == nil) {
+		t.Fatalf("own loop %v with a loop given %v", p.ownLoop != nil, loop != nil)
 	}
 	w.send(arpRequest(portV4))
 	rep := w.next(2 * time.Second)
@@ -179,17 +192,119 @@ func testPortStation(t *testing.T, polled bool) {
 	w.send(roceTo(t, p.MAC(), 0x77))
 	w.send(roceTo(t, roce.MAC{0x02, 9, 9, 9, 9, 9}, 0x77))
 	deadline := time.Now().Add(2 * time.Second)
-	for handled.Load() < 1 && time.Now().Before(deadline) {
+	for p.Stats().RxFrames < 3 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
-	time.Sleep(20 * time.Millisecond)
-	if handled.Load() != 1 {
-		t.Fatalf("handler saw %d packets, want 1", handled.Load())
-	}
 	st := p.Stats()
-	if st.Station.Delivered != 1 || st.Station.Drops[0] != 1 || st.RxFrames != 3 || st.TxFrames < 1 {
-		t.Fatalf("stats %+v", st)
+	if handled.Load() != 1 || st.Delivered != 1 || st.Drops[station.DropNotForUs] != 1 || st.RxFrames != 3 || st.TxFrames < 1 {
+		t.Fatalf("handler saw %d packets, want 1; stats %+v", handled.Load(), st)
 	}
+}
+
+// TestPortReceivePath: every received frame takes one path, as in the
+// kernel with rxe: UDP to port 4791 to the RoCE checks (headers with the
+// IPv4 checksum, MAC, address, ICRC) and the handler, everything else to
+// the station; each drop is counted once, by its reason.
+func TestPortReceivePath(t *testing.T) {
+	var handled []uint32
+	p, _ := newTestPort(t, PortConfig{Handler: func(_ []byte, pkt *roce.Packet) { handled = append(handled, pkt.BTH.DestQP) }})
+	good := roceTo(t, p.MAC(), 1)
+	mut := func(f func(b []byte) []byte) []byte { return f(bytes.Clone(good)) }
+	v6 := func() []byte {
+		pk := roce.Packet{DstMAC: p.MAC(), SrcMAC: peerMAC, IPv6: true, Src: netip.MustParseAddr("fd55::2"),
+			Dst: netip.MustParseAddr("fd55::1"), TTL: 64, SrcPort: 0xC123, DstPort: roce.UDPPort,
+			BTH: roce.BTHFields{Opcode: roce.RCSendOnly, PKey: 0xFFFF, DestQP: 6}}
+		buf := make([]byte, 256)
+		n, err := pk.Build(buf, []byte("v6"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return buf[:n]
+	}()
+	for _, c := range []struct {
+		name    string
+		frame   []byte
+		handled uint32 // the QP the handler sees, 0 for none
+		drop    station.DropReason
+	}{
+		{"RoCE over IPv4", good, 1, -1},
+		{"RoCE over IPv6", v6, 6, -1},
+		{"another MAC", roceTo(t, roce.MAC{0x02, 9, 9, 9, 9, 9}, 2), 0, station.DropNotForUs},
+		{"bad IPv4 checksum", mut(func(b []byte) []byte { b[24] ^= 1; return b }), 0, station.DropMalformed},
+		{"reserved opcode", mut(func(b []byte) []byte { b[roce.EthernetLen+roce.IPv4Len+roce.UDPLen] = 0x15; return b }), 0, station.DropRoCE},
+		{"bad ICRC", mut(func(b []byte) []byte { b[len(b)-6] ^= 1; return b }), 0, station.DropICRC},
+		{"another address", func() []byte {
+			pk := roce.Packet{DstMAC: p.MAC(), SrcMAC: peerMAC, Src: peerV4, Dst: netip.MustParseAddr("10.55.0.9"), TTL: 64,
+				SrcPort: 0xC123, DstPort: roce.UDPPort, BTH: roce.BTHFields{Opcode: roce.RCSendOnly, PKey: 0xFFFF, DestQP: 3}}
+			buf := make([]byte, 256)
+			n, _ := pk.Build(buf, nil)
+			return buf[:n]
+		}(), 0, station.DropNotOurIP},
+		{"UDP to another port", mut(func(b []byte) []byte { b[roce.EthernetLen+roce.IPv4Len+3]++; return b }), 0, station.DropProtocol},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			handled = handled[:0]
+			before := p.Stats()
+			p.ingressMu.Lock()
+			p.deliverLocked(c.frame)
+			p.ingressMu.Unlock()
+			after := p.Stats()
+			if c.handled != 0 {
+				if len(handled) != 1 || handled[0] != c.handled || after.Delivered != before.Delivered+1 {
+					t.Fatalf("handled %v, delivered %d → %d", handled, before.Delivered, after.Delivered)
+				}
+				if after.Drops != before.Drops {
+					t.Fatalf("drops %v → %v", before.Drops, after.Drops)
+				}
+				return
+			}
+			if len(handled) != 0 || after.Delivered != before.Delivered {
+				t.Fatalf("handled %v", handled)
+			}
+			for r := range after.Drops {
+				want := before.Drops[r]
+				if station.DropReason(r) == c.drop {
+					want++
+				}
+				if after.Drops[r] != want {
+					t.Errorf("%v drops %d → %d", station.DropReason(r), before.Drops[r], after.Drops[r])
+				}
+			}
+		})
+	}
+}
+
+// FuzzPortReceive: any frame takes the port's receive path without
+// panicking, and what reaches the handler is a RoCEv2 packet to the
+// port's MAC and one of its addresses with a good ICRC.
+func FuzzPortReceive(f *testing.F) {
+	for _, fr := range testvectors.Frames() {
+		f.Add(fr)
+	}
+	f.Add(arpRequest(portV4))
+	f.Add(roceTo(f, roce.MAC{0x02, 0, 0, 0, 0, 1}, 1))
+	dev := newSink()
+	var bad atomic.Value
+	var p *Port
+	p, err := NewPort(dev, PortConfig{Namespace: "fuzz", MAC: roce.MAC{0x02, 0, 0, 0, 0, 1},
+		Addrs: []netip.Prefix{netip.MustParsePrefix("10.55.0.1/24"), netip.MustParsePrefix("10.99.0.3/24")},
+		Handler: func(frame []byte, pk *roce.Packet) {
+			if pk.DstMAC != p.MAC() || !p.Station().Owns(pk.Dst) || pk.VerifyICRC(frame) != nil {
+				bad.Store(fmt.Sprintf("delivered %+v", *pk))
+			}
+		}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer p.Close()
+	f.Fuzz(func(t *testing.T, frame []byte) {
+		p.ingressMu.Lock()
+		p.deliverLocked(frame)
+		p.ingressMu.Unlock()
+		if b := bad.Load(); b != nil {
+			t.Fatal(b)
+		}
+	})
 }
 
 // TestPortSendCaptureImpair: Send reaches the wire and the capture; an
@@ -241,27 +356,27 @@ func TestPortSendCaptureImpair(t *testing.T) {
 	}
 }
 
-// sink is a device that takes every frame and counts it, and never
-// delivers any: for measuring the port's own paths.
+// sink is a device that takes every frame and counts it, and delivers
+// none: for measuring the port's own paths.
 type sink struct {
+	*tap.Fake
 	frames atomic.Uint64
-	done   chan struct{}
 }
 
-func (s *sink) Read([][]byte, []int, int) (int, error) { <-s.done; return 0, tap.ErrClosed }
+func newSink() *sink {
+	a, _ := tap.NewFakePair(1500, 16)
+	return &sink{Fake: a}
+}
+
 func (s *sink) Write(bufs [][]byte, _ int) (int, error) {
 	s.frames.Add(uint64(len(bufs)))
 	return len(bufs), nil
 }
-func (s *sink) BatchSize() int { return 1 }
-func (s *sink) Name() string   { return "sink" }
-func (s *sink) MTU() int       { return 1500 }
-func (s *sink) Close() error   { close(s.done); return nil }
 
-// TestPortZeroAllocs: delivering frames to the station and handler,
+// TestPortZeroAllocs: the receive path of a RoCE frame to the handler,
 // answering ARP, and sending allocate nothing.
 func TestPortZeroAllocs(t *testing.T) {
-	dev := &sink{done: make(chan struct{})}
+	dev := newSink()
 	var handled atomic.Uint64
 	p, err := NewPort(dev, PortConfig{
 		Namespace: "test", Addrs: []netip.Prefix{netip.MustParsePrefix("10.55.0.1/24")},
@@ -336,7 +451,7 @@ func (c *levelCounter) count(l slog.Level) int {
 // loop to its other work; it warns once, not at every failed read, and
 // counts them (RxErrors); once reads work it is up again (OnLink true).
 func TestPortLoopReadFails(t *testing.T) {
-	loop := spin.NewLoop()
+	loop := poll.NewLoop()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { loop.Run(ctx); close(done) }()
@@ -392,7 +507,7 @@ func TestPortLoopReadFails(t *testing.T) {
 // TestNICOutputAllocs: handing an engine's batch to the wire — routed
 // frame by frame, then written — allocates nothing.
 func TestNICOutputAllocs(t *testing.T) {
-	dev := &sink{done: make(chan struct{})}
+	dev := newSink()
 	n, err := NewNIC("taproce0", dev, PortConfig{Namespace: "test", Addrs: []netip.Prefix{netip.MustParsePrefix("10.55.0.1/24")}}, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -9,7 +9,6 @@ import (
 	"runtime"
 	"testing"
 
-	"github.com/taproce/taproce/appliance/control"
 	"github.com/taproce/taproce/internal/cpulist"
 	"github.com/taproce/taproce/tap"
 )
@@ -23,22 +22,22 @@ func TestProcs(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4))
 	for _, c := range []struct {
 		name             string
-		mode             control.PollMode
+		mode             PollMode
 		configured, cpus int
 		env              string
 		want             int
 	}{
-		{"spin takes half", control.PollSpin, 0, 0, "", 2},
-		{"block takes all", control.PollBlock, 0, 0, "", 0},
-		{"adaptive takes all", control.PollAdaptive, 0, 0, "", 0},
-		{"configured", control.PollBlock, 3, 0, "", 3},
-		{"configured beats spin", control.PollSpin, 4, 0, "", 4},
-		{"environment beats spin", control.PollSpin, 0, 0, "4", 0},
-		{"configured beats environment", control.PollSpin, 1, 0, "4", 1},
-		{"spin takes half of its cpus", control.PollSpin, 0, 6, "", 3},
-		{"block takes all its cpus", control.PollBlock, 0, 1, "", 1},
-		{"configured beats cpus", control.PollBlock, 2, 1, "", 2},
-		{"environment beats cpus", control.PollBlock, 0, 1, "4", 0},
+		{"spin takes half", PollSpin, 0, 0, "", 2},
+		{"block takes all", PollBlock, 0, 0, "", 0},
+		{"adaptive takes all", PollAdaptive, 0, 0, "", 0},
+		{"configured", PollBlock, 3, 0, "", 3},
+		{"configured beats spin", PollSpin, 4, 0, "", 4},
+		{"environment beats spin", PollSpin, 0, 0, "4", 0},
+		{"configured beats environment", PollSpin, 1, 0, "4", 1},
+		{"spin takes half of its cpus", PollSpin, 0, 6, "", 3},
+		{"block takes all its cpus", PollBlock, 0, 1, "", 1},
+		{"configured beats cpus", PollBlock, 2, 1, "", 2},
+		{"environment beats cpus", PollBlock, 0, 1, "4", 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Setenv("GOMAXPROCS", c.env)
@@ -62,16 +61,16 @@ func TestPlace(t *testing.T) {
 	one := cpulist.Format(cpulist.Of(cpulist.List(allowed)[0]))
 	for _, c := range []struct {
 		name  string
-		mode  control.PollMode
+		mode  PollMode
 		procs int
 		cpus  string
 		want  int
 	}{
-		{"block on one processor", control.PollBlock, 0, one, 1},
-		{"spin on one processor", control.PollSpin, 0, one, 1},
-		{"procs on one processor", control.PollBlock, 3, one, 3},
-		{"no list", control.PollSpin, 0, "", 2},
-		{"no list, block", control.PollBlock, 0, "", 4},
+		{"block on one processor", PollBlock, 0, one, 1},
+		{"spin on one processor", PollSpin, 0, one, 1},
+		{"procs on one processor", PollBlock, 3, one, 3},
+		{"no list", PollSpin, 0, "", 2},
+		{"no list, block", PollBlock, 0, "", 4},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			restore, err := Place(c.mode, c.procs, c.cpus)
@@ -103,7 +102,7 @@ func TestPlace(t *testing.T) {
 		if bad == "1023" && allowed.IsSet(1023) {
 			continue
 		}
-		if _, err := Place(control.PollBlock, 0, bad); err == nil {
+		if _, err := Place(PollBlock, 0, bad); err == nil {
 			t.Errorf("Place with cpus %q: no error", bad)
 		} else if bad == "1023" && !errors.Is(err, cpulist.ErrNotAllowed) {
 			t.Errorf("Place with cpus %q: %v, want ErrNotAllowed", bad, err)
@@ -115,10 +114,13 @@ func TestPlace(t *testing.T) {
 }
 
 // TestPortAckDelay: a port's transport lets acknowledgements wait as the
-// appliance's poll mode says (control.PollMode.AckDelay).
+// appliance's poll mode says (PollMode.AckDelay).
 func TestPortAckDelay(t *testing.T) {
-	for _, mode := range []control.PollMode{control.PollSpin, control.PollBlock, control.PollAdaptive} {
-		app := New(Options{Socket: filepath.Join(t.TempDir(), "s"), Poll: mode, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	for _, mode := range []PollMode{PollSpin, PollBlock, PollAdaptive} {
+		app, err := New(Options{Socket: filepath.Join(t.TempDir(), "s"), Poll: mode, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
 		dev, _ := tap.NewFakePair(1500, 8)
 		n, err := app.AddPortOn(dev, PortConfig{Namespace: "ns", Name: dev.Name(),
 			Addrs: []netip.Prefix{netip.MustParsePrefix("10.66.0.1/24")}})

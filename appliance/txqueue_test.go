@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/taproce/taproce/internal/spin"
+	"github.com/taproce/taproce/appliance/poll"
 	"github.com/taproce/taproce/tap"
 )
 
@@ -65,7 +65,7 @@ func TestSendAsyncClosed(t *testing.T) {
 // TestSendAsyncZeroAllocs: handing a batch to the writer and getting it
 // back allocates nothing.
 func TestSendAsyncZeroAllocs(t *testing.T) {
-	dev := &sink{done: make(chan struct{})}
+	dev := newSink()
 	p, err := NewPort(dev, PortConfig{Namespace: "test"})
 	if err != nil {
 		t.Fatal(err)
@@ -96,7 +96,7 @@ func TestSendAsyncZeroAllocs(t *testing.T) {
 // batch, however large, before SendAsync returns — on the loop's thread,
 // where the frames are in cache — and its frames arrive in order.
 func TestSendAsyncBlockingLoopInline(t *testing.T) {
-	l, err := spin.NewBlockingLoop()
+	l, err := poll.NewBlockingLoop()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,15 +31,15 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/taproce/taproce/appliance/control"
-	"github.com/taproce/taproce/appliance/impair"
 	"github.com/taproce/taproce/internal/cpulist"
+	"github.com/taproce/taproce/internal/impair"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // Defaults and limits.
 const (
 	// DefaultSocket is the control socket's path when the file gives none.
-	DefaultSocket = "/run/taproce/taproce.sock"
+	DefaultSocket = abi.DefaultSocket
 	// DefaultAdminSocket is the admin API socket's path when the file
 	// gives none.
 	DefaultAdminSocket = "/run/taproce/admin.sock"
@@ -93,7 +93,9 @@ const (
 	DefaultMRBytes = 16 << 30
 )
 
-// Poll modes; see Config.Poll.
+// Poll modes; see Config.Poll. They are the names the appliance's
+// poll.ParseMode reads (a test of the daemon holds the two lists equal):
+// the config names them without importing the appliance.
 const (
 	// PollAdaptive polls briefly after work (on 4 processors or more),
 	// then sleeps: one loop sleeps on every port and client doorbell.
@@ -158,7 +160,7 @@ type Config struct {
 	// (appliance.Procs): when it spins, half the processors the process
 	// has, so that its polling loop leaves cores to the clients polling
 	// their completion queues, but two where it has two or three (the
-	// loop's and its helper's, control.PollMode.Procs); all of them
+	// loop's and its helper's, poll.Mode.Procs in the appliance); all of them
 	// otherwise. The GOMAXPROCS environment variable replaces that
 	// choice; a positive procs replaces both.
 	Procs int
@@ -195,20 +197,6 @@ type Limits struct {
 // DefaultLimits returns the limits of an empty [limits] table.
 func DefaultLimits() Limits {
 	return Limits{QPs: DefaultQPs, CQs: DefaultCQs, SRQs: DefaultSRQs, MRs: DefaultMRs, PDs: DefaultPDs, AHs: DefaultAHs, MRBytes: DefaultMRBytes}
-}
-
-// Control returns the limits as the control server takes them.
-func (l Limits) Control() control.Limits {
-	return control.Limits{QPs: l.QPs, CQs: l.CQs, SRQs: l.SRQs, MRs: l.MRs, PDs: l.PDs, AHs: l.AHs, MRBytes: l.MRBytes}
-}
-
-// PollMode returns Poll as the control server takes it.
-func (c *Config) PollMode() (control.PollMode, error) {
-	m, err := control.ParsePollMode(c.Poll)
-	if err != nil {
-		return 0, fmt.Errorf("config: %w", err)
-	}
-	return m, nil
 }
 
 // Port is one TAP device in one network namespace and the RoCE endpoint
@@ -410,8 +398,10 @@ func (c *Config) validate(line lineFunc) []*Error {
 	default:
 		v.add("log_level", fmt.Sprintf("%q is not one of debug, info, warn, error", c.LogLevel), nil)
 	}
-	if _, err := control.ParsePollMode(c.Poll); err != nil || c.Poll == "" {
-		v.add("poll", fmt.Sprintf("%q is not one of %s, %s, %s", c.Poll, PollAdaptive, PollBlock, PollSpin), err)
+	switch c.Poll {
+	case PollAdaptive, PollBlock, PollSpin:
+	default:
+		v.add("poll", fmt.Sprintf("%q is not one of %s, %s, %s", c.Poll, PollAdaptive, PollBlock, PollSpin), nil)
 	}
 	for _, l := range []struct {
 		key string

@@ -14,8 +14,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
-	"github.com/taproce/taproce/appliance/control"
-	"github.com/taproce/taproce/appliance/impair"
+	"github.com/taproce/taproce/internal/impair"
 )
 
 // doc trims the leading newline of a raw string literal, so that the line
@@ -828,28 +827,6 @@ func TestApplyDefaults(t *testing.T) {
 	c.MetricsAddress, c.StateFile, c.LocalSwitch = DefaultMetricsAddress, DefaultStateFile, true
 	if !reflect.DeepEqual(c, Default()) {
 		t.Errorf("ApplyDefaults of a zero Config gave %+v, want %+v", c, Default())
-	}
-}
-
-func TestControlSettings(t *testing.T) {
-	for _, tt := range []struct {
-		poll string
-		want control.PollMode
-	}{{PollAdaptive, control.PollAdaptive}, {PollBlock, control.PollBlock}, {PollSpin, control.PollSpin}} {
-		c := Default()
-		c.Poll = tt.poll
-		if got, err := c.PollMode(); err != nil || got != tt.want {
-			t.Errorf("PollMode of %q = %v, %v; want %v", tt.poll, got, err, tt.want)
-		}
-	}
-	c := Default()
-	c.Poll = "busy"
-	if _, err := c.PollMode(); err == nil {
-		t.Error("PollMode of \"busy\" succeeded")
-	}
-	l := Limits{QPs: 1, CQs: 2, SRQs: 3, MRs: 4, PDs: 5, AHs: 6, MRBytes: 7}
-	if got, want := l.Control(), (control.Limits{QPs: 1, CQs: 2, SRQs: 3, MRs: 4, PDs: 5, AHs: 6, MRBytes: 7}); got != want {
-		t.Errorf("Control() = %+v, want %+v", got, want)
 	}
 }
 

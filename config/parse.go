@@ -16,7 +16,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
-	"github.com/taproce/taproce/appliance/impair"
+	"github.com/taproce/taproce/internal/impair"
 )
 
 // The keys each table knows, for unknown-key messages.

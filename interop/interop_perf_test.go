@@ -21,8 +21,8 @@ import (
 
 	"github.com/taproce/taproce/appliance"
 	"github.com/taproce/taproce/appliance/capture"
-	"github.com/taproce/taproce/appliance/impair"
 	"github.com/taproce/taproce/appliance/transport"
+	"github.com/taproce/taproce/internal/impair"
 	"github.com/taproce/taproce/internal/netnsutil"
 	"github.com/taproce/taproce/internal/perf"
 )
@@ -133,10 +133,12 @@ func newPerfRig(t *testing.T, cfg rigConfig) *perfRig {
 	t.Helper()
 	r := &perfRig{bin: buildPerfTool(t), sock: filepath.Join(t.TempDir(), "taproce.sock")}
 	quiet := slog.New(slog.DiscardHandler)
-	r.app = appliance.New(appliance.Options{Socket: r.sock, Logger: quiet})
+	var err error
+	if r.app, err = appliance.New(appliance.Options{Socket: r.sock, Logger: quiet}); err != nil {
+		t.Fatal(err)
+	}
 	pc := appliance.PortConfig{Namespace: Namespace, Netns: netnsutil.Path(Namespace), Name: perfPortName,
 		Addrs: []netip.Prefix{perfAddr}, MTU: jumboMTU, Egress: cfg.egress, Logger: quiet}
-	var err error
 	r.wire = newWireTally(perfAddr.Addr())
 	if pc.Capture, err = capture.NewWriter(r.wire); err != nil {
 		r.app.Close()

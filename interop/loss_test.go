@@ -13,16 +13,16 @@ import (
 	"time"
 
 	"github.com/taproce/taproce/appliance/capture"
-	"github.com/taproce/taproce/appliance/impair"
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/appliance/transport"
+	"github.com/taproce/taproce/internal/impair"
 	"github.com/taproce/taproce/internal/perf"
 )
 
 // This file runs the perftest matrix at path MTU 1024 and ibv_rc_pingpong
 // while each side loses 1 % of the frames it sends: netem in the VM
 // drops rxe's (sparing its ACKs in the ping-pong runs, see netemCommand),
-// the impairment of taproce's port (appliance/impair, seeded) drops
+// the impairment of taproce's port (internal/impair, seeded) drops
 // taproce's. Every run must still end
 // well; retransmissions after ACK timeouts and PSN sequence error NAKs
 // are the expected recovery, any other NAK, an RNR NAK or an exhausted retry

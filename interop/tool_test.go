@@ -45,7 +45,10 @@ func buildTaproce(t *testing.T) string {
 func bridgeAppliance(t *testing.T) (sock string, engine *transport.Engine) {
 	t.Helper()
 	sock = filepath.Join(t.TempDir(), "taproce.sock")
-	app := appliance.New(appliance.Options{Socket: sock, Logger: slog.New(slog.DiscardHandler)})
+	app, err := appliance.New(appliance.Options{Socket: sock, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
 	name := fmt.Sprintf("taproce%d", toolAddr.Addr().As4()[3])
 	nic, err := app.AddPort(appliance.PortConfig{Namespace: Namespace, Netns: netnsutil.Path(Namespace), Name: name,
 		Addrs: []netip.Prefix{toolAddr}, MTU: 1500})

@@ -3,6 +3,8 @@ package tap
 import (
 	"bytes"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestFakePair(t *testing.T) {
@@ -57,7 +59,7 @@ func TestFakeClosedIsClosed(t *testing.T) {
 	}
 }
 
-// TestFakeTryReadEach: one queued frame per call, none without waiting
+// TestFakeTryReadEach: the queued frames in order, none without waiting
 // when the queue is empty, ErrClosed after Close.
 func TestFakeTryReadEach(t *testing.T) {
 	a, b := NewFakePair(1500, 8)
@@ -82,5 +84,67 @@ func TestFakeTryReadEach(t *testing.T) {
 	b.Close()
 	if _, err := b.TryReadEach(collect); err != ErrClosed {
 		t.Errorf("after Close: %v, want ErrClosed", err)
+	}
+}
+
+// TestFakeFd: the descriptor polls readable exactly while frames wait —
+// what a blocking loop sleeps on — and once the device is closed.
+func TestFakeFd(t *testing.T) {
+	a, b := NewFakePair(1500, 4)
+	defer a.Close()
+	readable := func() bool {
+		fds := []unix.PollFd{{Fd: int32(b.Fd()), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n == 1 && fds[0].Revents&unix.POLLIN != 0
+	}
+	if readable() {
+		t.Fatal("readable with nothing queued")
+	}
+	frame := [][]byte{append(make([]byte, Headroom), "x"...)}
+	for range 2 {
+		if _, err := a.Write(frame, Headroom); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !readable() {
+		t.Fatal("not readable with two frames queued")
+	}
+	if n, err := b.TryReadEach(func([]byte) {}); n != 2 || err != nil {
+		t.Fatalf("TryReadEach = %d, %v", n, err)
+	}
+	if readable() {
+		t.Fatal("readable after every frame was read")
+	}
+	b.Close()
+	if !readable() {
+		t.Fatal("not readable once closed: a sleeping loop would not learn of it")
+	}
+}
+
+// TestFakeDropsWhenFull: a write never waits for the reader; what finds
+// the queue full is dropped and counted, as a TAP's kernel drops it.
+func TestFakeDropsWhenFull(t *testing.T) {
+	a, b := NewFakePair(1500, 3)
+	defer a.Close()
+	defer b.Close()
+	frames := make([][]byte, 5)
+	for i := range frames {
+		frames[i] = append(make([]byte, Headroom), byte(i))
+	}
+	if n, err := a.Write(frames, Headroom); n != 5 || err != nil {
+		t.Fatalf("Write = %d, %v", n, err)
+	}
+	if d := b.Dropped(); d != 2 {
+		t.Errorf("Dropped = %d, want 2", d)
+	}
+	var got []byte
+	if _, err := b.TryReadEach(func(f []byte) { got = append(got, f[0]) }); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, []byte{0, 1, 2}) {
+		t.Errorf("read %v, want the first three", got)
 	}
 }

@@ -14,19 +14,22 @@ import "errors"
 // room for the virtio-net header.
 const Headroom = VirtioNetHdrLen
 
-// Device is a source and sink of Ethernet frames.
+// Device is a source and sink of Ethernet frames: what a port needs of
+// its link. A Tap is one; a Fake pair stands in for tests with the same
+// contract, so that a port on a fake runs the code it runs on a TAP.
 type Device interface {
-	// Read reads one or more frames: frame i into bufs[i][offset:] with its
-	// length in sizes[i]. It returns how many it read. It blocks until at
-	// least one frame arrives or the device is closed (ErrClosed).
-	Read(bufs [][]byte, sizes []int, offset int) (int, error)
+	// TryReadEach hands fn, in place, each frame that has arrived — the
+	// frames of one read, never waiting for more — and returns how many:
+	// 0 and no error when none waits, ErrClosed once the device is
+	// closed. fn must not keep the slice.
+	TryReadEach(fn func(frame []byte)) (int, error)
+	// Fd is a descriptor that polls readable while a frame waits (or
+	// the device is closed): what a loop sleeps on in ppoll(2).
+	Fd() int
 	// Write writes the frames bufs[i][offset:], batching them into as few
 	// syscalls as the device allows, and returns how many it wrote. The
 	// bytes in front of offset (Headroom of them) may be overwritten.
 	Write(bufs [][]byte, offset int) (int, error)
-	// BatchSize is the most frames one Read may return; callers size
-	// bufs and sizes to it.
-	BatchSize() int
 	// Name is the interface name.
 	Name() string
 	// MTU is the interface MTU.

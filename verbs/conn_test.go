@@ -9,9 +9,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
-	"net/netip"
 	"os"
-	"path/filepath"
 	"runtime"
 	"sync"
 	"syscall"
@@ -19,43 +17,16 @@ import (
 	"time"
 
 	"github.com/taproce/taproce/appliance"
+	"github.com/taproce/taproce/appliance/appliancetest"
 	"github.com/taproce/taproce/appliance/control"
-	"github.com/taproce/taproce/tap"
 	"github.com/taproce/taproce/verbs"
 )
 
 // newApp starts an appliance with two ports on a fake wire (taproce0 at
-// 10.77.0.1, taproce1 at 10.77.0.2), serving verbs on a socket in a
-// temporary directory that TAPROCE_SOCKET points at.
+// 10.77.0.1, taproce1 at 10.77.0.2) that TAPROCE_SOCKET points at.
 func newApp(t testing.TB, localSwitch bool) *appliance.Appliance {
 	t.Helper()
-	sock := filepath.Join(t.TempDir(), "taproce.sock")
-	t.Setenv("TAPROCE_SOCKET", sock)
-	self, err := control.NetnsInode("/proc/self/ns/net")
-	if err != nil {
-		t.Fatal(err)
-	}
-	app := appliance.New(appliance.Options{Socket: sock, LocalSwitch: localSwitch,
-		PeerNetns: func(int32) (uint64, error) { return self, nil }})
-	a, b := tap.NewFakePair(1500, 1024)
-	for i, dev := range []tap.Device{a, b} {
-		addr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 77, 0, byte(i + 1)}), 24)
-		if _, err := app.AddPortOn(dev, appliance.PortConfig{Namespace: "conn", Name: dev.Name(), Addrs: []netip.Prefix{addr}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := app.Control().Listen(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- app.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-		app.Close()
-	})
-	return app
+	return appliancetest.New(t, appliancetest.Options{LocalSwitch: localSwitch, Namespace: "conn"}).App
 }
 
 func testCtx(t testing.TB) context.Context {

@@ -25,11 +25,11 @@ import (
 )
 
 // DefaultSocket is the appliance's socket; TAPROCE_SOCKET overrides it.
-const DefaultSocket = "/run/taproce/taproce.sock"
+const DefaultSocket = abi.DefaultSocket
 
 // Socket returns the socket path the library uses.
 func Socket() string {
-	if s := os.Getenv("TAPROCE_SOCKET"); s != "" {
+	if s := os.Getenv(abi.SocketEnv); s != "" {
 		return s
 	}
 	return DefaultSocket

@@ -335,7 +335,7 @@ func TestRecover(t *testing.T) {
 	ctx := context.Background()
 
 	// The earlier run: two attachments, then a crash (nothing closed but
-	// the TAP devices, which go with the process).
+	// the ports and their TAP devices, which go with the process).
 	old := attach.New(attach.Options{StateFile: statePath})
 	gonePort := []*appliance.Port{}
 	for _, p := range []redirecttest.End{pod, gone} {
@@ -347,7 +347,7 @@ func TestRecover(t *testing.T) {
 		gonePort = append(gonePort, old.Port(r.ID()))
 	}
 	for _, p := range gonePort {
-		p.Device().Close()
+		p.Close()
 	}
 	// The pod interface's two filters stay, redirecting to nothing.
 	if _, filters := links(t, pod.Path); filters != 2 {

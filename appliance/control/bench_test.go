@@ -1,12 +1,12 @@
 package control_test
 
 import (
-	"github.com/taproce/taproce/appliance/control"
 	"runtime"
 	"sort"
 	"testing"
 	"time"
 
+	"github.com/taproce/taproce/appliance"
 	"github.com/taproce/taproce/verbs"
 )
 
@@ -135,13 +135,13 @@ func BenchmarkLocalWrite1M(b *testing.B) {
 func BenchmarkLocalSendPingPong(b *testing.B) {
 	for _, m := range []struct {
 		name string
-		mode control.PollMode
-	}{{"adaptive", control.PollAdaptive}, {"block", control.PollBlock}, {"spin", control.PollSpin}} {
+		mode appliance.PollMode
+	}{{"adaptive", appliance.PollAdaptive}, {"block", appliance.PollBlock}, {"spin", appliance.PollSpin}} {
 		b.Run(m.name, func(b *testing.B) { localPingPong(b, m.mode) })
 	}
 }
 
-func localPingPong(b *testing.B, mode control.PollMode) {
+func localPingPong(b *testing.B, mode appliance.PollMode) {
 	r := newRigOpts(b, true, 1500, mode)
 	x, y := newEnd(b, r.ca, verbs.RC, 4096), newEnd(b, r.cb, verbs.RC, 4096)
 	connectRC(b, x, y, r.ga, r.gb)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/taproce/taproce/appliance"
+	"github.com/taproce/taproce/appliance/appliancetest"
 	"github.com/taproce/taproce/appliance/control"
 	"github.com/taproce/taproce/tap"
 	"github.com/taproce/taproce/verbs"
@@ -28,43 +29,19 @@ type rig struct {
 }
 
 func newRig(t testing.TB, localSwitch bool) *rig {
-	return newRigOpts(t, localSwitch, 1500, control.PollAdaptive)
+	return newRigOpts(t, localSwitch, 1500, appliance.PollAdaptive)
 }
 
 // newRigMTU is newRig with ports of the given netdev MTU.
 func newRigMTU(t testing.TB, localSwitch bool, mtu int) *rig {
-	return newRigOpts(t, localSwitch, mtu, control.PollAdaptive)
+	return newRigOpts(t, localSwitch, mtu, appliance.PollAdaptive)
 }
 
 // newRigOpts is newRig with an MTU and a poll mode.
-func newRigOpts(t testing.TB, localSwitch bool, mtu int, poll control.PollMode) *rig {
+func newRigOpts(t testing.TB, localSwitch bool, mtu int, poll appliance.PollMode) *rig {
 	t.Helper()
-	sock := filepath.Join(t.TempDir(), "taproce.sock")
-	t.Setenv("TAPROCE_SOCKET", sock)
-	self, err := control.NetnsInode("/proc/self/ns/net")
-	if err != nil {
-		t.Fatal(err)
-	}
-	app := appliance.New(appliance.Options{Socket: sock, LocalSwitch: localSwitch, Poll: poll,
-		PeerNetns: func(int32) (uint64, error) { return self, nil }})
-	a, b := tap.NewFakePair(mtu, 1024)
-	for i, dev := range []tap.Device{a, b} {
-		addr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 77, 0, byte(i + 1)}), 24)
-		if _, err := app.AddPortOn(dev, appliance.PortConfig{Namespace: "e2e", Name: dev.Name(), MTU: mtu, Addrs: []netip.Prefix{addr}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := app.Control().Listen(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- app.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-		app.Close()
-	})
+	app := appliancetest.New(t, appliancetest.Options{LocalSwitch: localSwitch, MTU: mtu, Poll: poll, Namespace: "e2e"}).App
+	var err error
 	r := &rig{app: app}
 	tctx := testCtx(t)
 	if r.ca, err = verbs.Open(tctx, "taproce0"); err != nil {
@@ -183,7 +160,7 @@ func wait(t testing.TB, cq *verbs.CQ, n int) []verbs.WC {
 // waited for, complete without the requester's local ACK timeout (67 ms)
 // ever running out.
 func TestHeldAcksGoOut(t *testing.T) {
-	r := newRigOpts(t, false, 1500, control.PollSpin)
+	r := newRigOpts(t, false, 1500, appliance.PollSpin)
 	a, b := newEnd(t, r.ca, verbs.RC, 1<<20), newEnd(t, r.cb, verbs.RC, 1<<20)
 	connectRC(t, a, b, r.ga, r.gb)
 	for i := range 30 {
@@ -209,9 +186,9 @@ func TestHeldAcksGoOut(t *testing.T) {
 // rings (DeviceAttr.Polls) — only in spin mode.
 func TestAppliancePolls(t *testing.T) {
 	for _, c := range []struct {
-		mode control.PollMode
+		mode appliance.PollMode
 		want bool
-	}{{control.PollSpin, true}, {control.PollBlock, false}, {control.PollAdaptive, false}} {
+	}{{appliance.PollSpin, true}, {appliance.PollBlock, false}, {appliance.PollAdaptive, false}} {
 		t.Run(c.mode.String(), func(t *testing.T) {
 			r := newRigOpts(t, false, 1500, c.mode)
 			for _, vc := range []*verbs.Context{r.ca, r.cb} {
@@ -232,17 +209,17 @@ func TestVerbsRC(t *testing.T) {
 	for _, c := range []struct {
 		name  string
 		local bool
-		poll  control.PollMode
+		poll  appliance.PollMode
 	}{
-		{"wire", false, control.PollAdaptive}, {"local switch", true, control.PollAdaptive},
+		{"wire", false, appliance.PollAdaptive}, {"local switch", true, appliance.PollAdaptive},
 		// Spinning, one loop polls the ports and the clients' rings;
 		// blocking, one loop sleeps on the clients' doorbells.
-		{"wire, spinning", false, control.PollSpin}, {"wire, blocking", false, control.PollBlock},
+		{"wire, spinning", false, appliance.PollSpin}, {"wire, blocking", false, appliance.PollBlock},
 	} {
 		local := c.local
 		t.Run(c.name, func(t *testing.T) {
 			r := newRigOpts(t, local, 1500, c.poll)
-			if r.app.Loop() == nil || r.app.Loop().Blocking() == (c.poll == control.PollSpin) {
+			if r.app.Loop() == nil || r.app.Loop().Blocking() == (c.poll == appliance.PollSpin) {
 				t.Fatalf("appliance loop %v in mode %s", r.app.Loop(), c.poll)
 			}
 			a, b := newEnd(t, r.ca, verbs.RC, 1<<20), newEnd(t, r.cb, verbs.RC, 1<<20)
@@ -403,12 +380,11 @@ type flaky struct {
 	fail atomic.Bool
 }
 
-func (f *flaky) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
+func (f *flaky) TryReadEach(fn func([]byte)) (int, error) {
 	if f.fail.Load() {
-		time.Sleep(time.Millisecond)
 		return 0, errors.New("device gone away")
 	}
-	return f.Fake.Read(bufs, sizes, offset)
+	return f.Fake.TryReadEach(fn)
 }
 
 // TestPortEvents: a port whose device fails shows DOWN and its clients
@@ -419,7 +395,8 @@ func TestPortEvents(t *testing.T) {
 	t.Setenv("TAPROCE_SOCKET", sock)
 	self, err := control.NetnsInode("/proc/self/ns/net")
 	must(t, err)
-	app := appliance.New(appliance.Options{Socket: sock, PeerNetns: func(int32) (uint64, error) { return self, nil }})
+	app, err := appliance.New(appliance.Options{Socket: sock, PeerNetns: func(int32) (uint64, error) { return self, nil }})
+	must(t, err)
 	a, b := tap.NewFakePair(1500, 64)
 	defer b.Close()
 	dev := &flaky{Fake: a}
@@ -439,8 +416,8 @@ func TestPortEvents(t *testing.T) {
 		state uint8
 	}{{true, verbs.EventPortErr, 1}, {false, verbs.EventPortActive, 4}} {
 		dev.fail.Store(step.fail)
-		// A frame ends the read the port is waiting in; the next read
-		// fails, or, once the device works again, reads it.
+		// A frame wakes the loop asleep on the port; its read fails, or,
+		// once the device works again, reads it.
 		if _, err := b.Write([][]byte{make([]byte, 64)}, 0); err != nil {
 			t.Fatal(err)
 		}
@@ -462,7 +439,7 @@ func TestPortEvents(t *testing.T) {
 // failed, just after, or while the appliance's poller sleeps (clients ring
 // for receive posts only in ERROR), in each poll mode.
 func TestRecvFlushInError(t *testing.T) {
-	for _, mode := range []control.PollMode{control.PollBlock, control.PollAdaptive, control.PollSpin} {
+	for _, mode := range []appliance.PollMode{appliance.PollBlock, appliance.PollAdaptive, appliance.PollSpin} {
 		t.Run(mode.String(), func(t *testing.T) {
 			r := newRigOpts(t, true, 1500, mode)
 			ctx := testCtx(t)

@@ -12,9 +12,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/taproce/taproce/appliance/poll"
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/appliance/transport"
-	"github.com/taproce/taproce/internal/spin"
 	"github.com/taproce/taproce/shmem"
 	"github.com/taproce/taproce/verbs/abi"
 )
@@ -167,25 +167,21 @@ func (ss *session) open(name string) (*abi.OpenReply, int, error) {
 	ss.dev, ss.kick = d, kick
 	ss.opened.Store(d)
 	b := new(batch)
-	poll := func() bool { return ss.pollOnce(b) }
-	switch {
-	case loop.Blocking():
-		ss.unpoll = loop.AddSleeper(poll, spin.Sleeper{Fd: kick.ReadFd(), Arm: ss.tryPrepareSleep,
+	pollRings := func() bool { return ss.pollOnce(b) }
+	if loop.Blocking() {
+		ss.unpoll = loop.AddSleeper(pollRings, poll.Sleeper{Fd: kick.ReadFd(), Arm: ss.tryPrepareSleep,
 			Disarm: func(rung bool) {
 				if rung {
 					_, _ = kick.Drain() // consumes the rings
 				}
 				ss.cancelSleep()
 			}})
-	case loop != nil:
-		ss.unpoll = loop.Add(poll)
-	default:
-		ss.poller.Add(1)
-		go ss.poll()
+	} else {
+		ss.unpoll = loop.Add(pollRings)
 	}
 	ss.log.Info("client opened device", "device", name)
 	attr := deviceAttr(d)
-	if ss.srv.cfg.Poll == PollSpin {
+	if !loop.Blocking() {
 		attr.Polls = 1
 	}
 	return &abi.OpenReply{Device: attr, Port: portAttr(d)}, kick.Fd(), nil

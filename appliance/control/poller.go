@@ -1,11 +1,7 @@
 package control
 
 import (
-	"runtime"
-	"time"
-
 	"github.com/taproce/taproce/appliance/transport"
-	"github.com/taproce/taproce/internal/spin"
 	"github.com/taproce/taproce/verbs/abi"
 )
 
@@ -46,64 +42,6 @@ type batch struct {
 	rsges [postBatch][abi.MaxSGE]transport.SGE
 }
 
-// spinFor is how long the adaptive poller (and an adaptive port's
-// reader) keeps looking after its last work before it sleeps: 50 µs on a
-// machine with cores to spare; none on a smaller one, where every
-// appliance goroutine that spins takes the core a client or another
-// reader needs (measured with BenchmarkLabSpeed on 2 cores: adaptive
-// with 50 µs was slower than block).
-var spinFor = func() time.Duration {
-	if runtime.NumCPU() >= 4 {
-		return 50 * time.Microsecond
-	}
-	return 0
-}()
-
-// poll moves the client's posts from its rings to the transport until the
-// session ends, sleeping on the doorbell when there is nothing to do.
-func (ss *session) poll() {
-	defer ss.poller.Done()
-	b := new(batch)
-	mode := ss.srv.cfg.Poll
-	var idleSince time.Time
-	var sp spin.Spinner
-	spins := 0
-	for ss.ctx.Err() == nil {
-		if ss.drain(b) {
-			idleSince, spins = time.Time{}, 0
-			continue
-		}
-		switch mode {
-		case PollSpin:
-			ss.flushAcks()
-			sp.Idle()
-			continue
-		case PollAdaptive:
-			// Look at the clock only now and then: the spin is cheap, the
-			// clock is not.
-			spins++
-			if spins%32 != 1 {
-				sp.Idle()
-				continue
-			}
-			now := time.Now()
-			if idleSince.IsZero() {
-				idleSince = now
-			}
-			if now.Sub(idleSince) < spinFor {
-				sp.Idle()
-				continue
-			}
-		}
-		if ss.prepareSleep() {
-			// Consumes the rings; teardown rings to stop the poller.
-			_ = ss.kick.WaitRung()
-		}
-		ss.cancelSleep()
-		idleSince, spins = time.Time{}, 0
-	}
-}
-
 // pollOnce is the session's part of a pass of the appliance's polling
 // loop (Config.Loop): it posts what the rings hold and reports whether
 // they held anything; when they held nothing, it sends the held
@@ -126,22 +64,15 @@ func (ss *session) pollOnce(b *batch) bool {
 	return busy
 }
 
-// prepareSleep tells the producers of the rings whose posts need the
+// tryPrepareSleep tells the producers of the rings whose posts need the
 // poller to ring the doorbell, then looks once more: it reports whether
 // all rings are still empty. Receive posts need no poller while the QP
 // works — the transport takes receive WQEs from the ring itself when a
 // message finds its queue empty (Refill) — so clients ring for them only
 // when the QP is in ERROR, where a posted receive completes with a flush
-// status at once. Sparing those rings saves a wakeup per message.
-func (ss *session) prepareSleep() bool {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	return ss.prepareSleepLocked()
-}
-
-// tryPrepareSleep is prepareSleep for a loop that has other work: a
-// session busy with a request of its client is not waited for, and the
-// loop does not sleep.
+// status at once. Sparing those rings saves a wakeup per message. A
+// session busy with a request of its client is not waited for: the loop
+// has other work, and does not sleep.
 func (ss *session) tryPrepareSleep() bool {
 	if !ss.mu.TryLock() {
 		return false
@@ -209,14 +140,8 @@ func (ss *session) flushAcks() {
 	}
 }
 
-// drain posts what the rings hold; it reports whether it found any.
-func (ss *session) drain(b *batch) bool {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	return ss.drainLocked(b)
-}
-
-// drainLocked is drain with ss.mu held.
+// drainLocked posts what the rings hold; it reports whether it found
+// any. ss.mu is held.
 func (ss *session) drainLocked(b *batch) bool {
 	any := false
 	for _, w := range *ss.rings.Load() {

@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/taproce/taproce/appliance"
+	"github.com/taproce/taproce/appliance/appliancetest"
 	"github.com/taproce/taproce/internal/testnet"
-	"github.com/taproce/taproce/tap"
 	"github.com/taproce/taproce/verbs"
 )
 
@@ -134,7 +134,8 @@ func TestIsolation(t *testing.T) {
 	nsA, pathA := testnet.Namespace(t)
 	_, pathB := testnet.Namespace(t)
 	sock := filepath.Join(t.TempDir(), "taproce.sock")
-	app := appliance.New(appliance.Options{Socket: sock})
+	app, err := appliance.New(appliance.Options{Socket: sock})
+	must(t, err)
 	for i, p := range []string{pathA, pathB} {
 		addr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 78, 0, byte(i + 1)}), 24)
 		if _, err := app.AddPort(appliance.PortConfig{Namespace: filepath.Base(p), Netns: p, Addrs: []netip.Prefix{addr}}); err != nil {
@@ -235,21 +236,7 @@ func TestClientKilled(t *testing.T) {
 	if testing.Short() {
 		cycles = 20
 	}
-	sock := filepath.Join(t.TempDir(), "taproce.sock")
-	t.Setenv("TAPROCE_SOCKET", sock)
-	app := appliance.New(appliance.Options{Socket: sock, LocalSwitch: true, Linger: 100 * time.Millisecond})
-	devA, devB := tap.NewFakePair(1500, 1024)
-	for i, dev := range []tap.Device{devA, devB} {
-		addr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 79, 0, byte(i + 1)}), 24)
-		if _, err := app.AddPortOn(dev, appliance.PortConfig{Namespace: "crash", Name: dev.Name(), Addrs: []netip.Prefix{addr}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	must(t, app.Control().Listen())
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- app.Serve(ctx) }()
-	defer func() { cancel(); <-done; app.Close() }()
+	app := appliancetest.New(t, appliancetest.Options{LocalSwitch: true, Linger: 100 * time.Millisecond, Namespace: "crash", Net: 79}).App
 	parent, err := verbs.Open(testCtx(t), "taproce1")
 	must(t, err)
 	defer parent.Close()

@@ -24,14 +24,14 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/taproce/taproce/appliance/poll"
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/appliance/transport"
-	"github.com/taproce/taproce/internal/spin"
 	"github.com/taproce/taproce/verbs/abi"
 )
 
 // DefaultSocket is where the appliance listens unless configured.
-const DefaultSocket = "/run/taproce/taproce.sock"
+const DefaultSocket = abi.DefaultSocket
 
 // Device is a port as the control server serves it: an rxe-like device
 // with one physical port.
@@ -79,117 +79,16 @@ func (l Limits) withDefaults() Limits {
 	return l
 }
 
-// PollMode says how the appliance waits for a client's posts.
-type PollMode int
-
-// Poll modes.
-const (
-	// PollAdaptive spins briefly after work, then sleeps: one blocking
-	// loop (spin.NewBlockingLoop, Config.Loop) lingers Spin before it
-	// sleeps on every port and every client's doorbell.
-	PollAdaptive PollMode = iota
-	// PollBlock sleeps as soon as the rings and the ports are empty: one
-	// blocking loop, as PollAdaptive, that does not linger.
-	PollBlock
-	// PollSpin never sleeps: one loop polls every port and every
-	// client's rings (spin.Loop, Config.Loop).
-	PollSpin
-)
-
-// ParsePollMode reads "block", "spin" or "adaptive".
-func ParsePollMode(s string) (PollMode, error) {
-	switch s {
-	case "", "adaptive":
-		return PollAdaptive, nil
-	case "block":
-		return PollBlock, nil
-	case "spin":
-		return PollSpin, nil
-	}
-	return 0, fmt.Errorf("control: poll mode %q: want block, spin or adaptive", s)
-}
-
-// String returns the mode as ParsePollMode reads it.
-func (m PollMode) String() string {
-	switch m {
-	case PollBlock:
-		return "block"
-	case PollSpin:
-		return "spin"
-	}
-	return "adaptive"
-}
-
-// Spin is how long a waiter of this mode busy-polls before it sleeps: 0
-// for PollBlock, a short while for PollAdaptive, forever (negative) for
-// PollSpin. The appliance's ports read their TAPs the same way, unless a
-// loop polls them (Config.Loop).
-func (m PollMode) Spin() time.Duration {
-	switch m {
-	case PollBlock:
-		return 0
-	case PollSpin:
-		return -1
-	}
-	return spinFor
-}
-
-// AckDelay is how long, in this mode, the transport lets the
-// acknowledgement of a message that completed a receive wait for a frame
-// to go out with (transport.Config.AckDelay) — time for the client's
-// answer to that message, which then leaves in the same write: spinning,
-// 10 µs, watched by the spinning ring pollers; sleeping, 5 µs, which the
-// blocking loop spends polling instead of sleeping (spin.Loop.AddHold),
-// so that the answer needs no doorbell.
-//
-// Measured with BenchmarkLabSpeed on 2 cores, ten runs each interleaved
-// with none: send_lat 2 B with the appliance spinning went from 12.5 to
-// 10.9 µs, and on a processor of its own from 12.3 to 10.0 µs. The
-// acknowledgement's TAP write (3.6 µs, through both bridges) no longer
-// holds the appliance's one processor between a message and its answer.
-// With the blocking loop, four runs each in a kept lab: 15.2–15.7 µs
-// without, 7.8–11.9 with it.
-func (m PollMode) AckDelay() time.Duration {
-	if m == PollSpin {
-		return 10 * time.Microsecond
-	}
-	return 5 * time.Microsecond
-}
-
-// Procs is how many of available processors (GOMAXPROCS) the appliance's
-// Go code should run on in this mode: all of them when it sleeps for want
-// of work; when it spins, half of them, but two where there are two or
-// three — the spinning loop's and its helper's (spin.Loop), which joins
-// while a stream keeps the loop busy and sleeps otherwise. The clients, which
-// poll their completion queues, need cores of their own: on 2 cores,
-// send_lat 2 B between two namespaces' clients took 16.3 µs with the
-// spinning appliance on two processors and 12.3 µs on one, when each
-// port's reader and each client's poller spun on its own; with one loop
-// for everything and no helper, two processors measured no better (four
-// sets of ten: bw/tcp medians 0.70–0.79 on two against 0.73–0.89 on one,
-// lat/raw 2.3–3.1 against 2.3–2.9). With the helper, on two, write_bw
-// 64 KiB rose to about 1.0× TCP, with lat/raw unchanged (README, Speed).
-// The config's procs trades back.
-func (m PollMode) Procs(available int) int {
-	if m == PollSpin {
-		return min(available, max(2, available/2))
-	}
-	return available
-}
-
 // Config describes a control server.
 type Config struct {
 	// Socket is the path to listen on (default DefaultSocket).
 	Socket string
 	// Limits per client.
 	Limits Limits
-	// Poll is how the appliance waits for posts.
-	Poll PollMode
-	// Loop, when set, drains every client's rings in its passes, instead
-	// of a goroutine per client: the appliance's one polling loop, which
-	// reads its ports too — spinning with PollSpin, blocking otherwise
-	// (spin.NewBlockingLoop), when it sleeps on the client's doorbell.
-	Loop *spin.Loop
+	// Loop drains every client's rings in its passes: the appliance's
+	// one polling loop, which reads its ports too — spinning, or blocking
+	// on the clients' doorbells as well as the ports (poll.New). Required.
+	Loop *poll.Loop
 	// Linger is how long a connected RC QP answers its peer after its
 	// client destroyed it or died (transport.Engine.Close and Kill;
 	// default 30 s).

@@ -41,7 +41,6 @@ type session struct {
 
 	ctx    context.Context
 	cancel context.CancelFunc
-	poller sync.WaitGroup             // the goroutine of poll
 	unpoll func()                     // takes pollOnce out of the server's loop (Config.Loop); under mu
 	rings  atomic.Pointer[[]ringWork] // what the poller drains, rebuilt on change
 	// opened is dev, for readers that must not wait for ss.mu: a port's
@@ -293,13 +292,6 @@ func (ss *session) newHandle() abi.Handle {
 // their peers get NAKs and fail instead of retrying into the void.
 func (ss *session) teardown() {
 	ss.cancel()
-	ss.mu.Lock()
-	kick := ss.kick
-	ss.mu.Unlock()
-	if kick != nil {
-		_ = kick.Ring()
-	}
-	ss.poller.Wait()
 	ss.mu.Lock()
 	unpoll := ss.unpoll
 	ss.mu.Unlock()

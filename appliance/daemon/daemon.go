@@ -93,15 +93,21 @@ func Run(ctx context.Context, cfg *config.Config, logger *slog.Logger) error {
 }
 
 // checked validates cfg and returns its poll mode.
-func checked(cfg *config.Config) (control.PollMode, error) {
+func checked(cfg *config.Config) (appliance.PollMode, error) {
 	if err := cfg.Validate(); err != nil {
 		return 0, fmt.Errorf("daemon: %w", err)
 	}
-	poll, err := cfg.PollMode()
+	mode, err := appliance.ParsePollMode(cfg.Poll)
 	if err != nil {
 		return 0, fmt.Errorf("daemon: %w", err)
 	}
-	return poll, nil
+	return mode, nil
+}
+
+// limits returns the config's per-client limits as the control server
+// takes them.
+func limits(l config.Limits) control.Limits {
+	return control.Limits{QPs: l.QPs, CQs: l.CQs, SRQs: l.SRQs, MRs: l.MRs, PDs: l.PDs, AHs: l.AHs, MRBytes: l.MRBytes}
 }
 
 // Start validates cfg, binds the control socket, the admin socket and the
@@ -121,7 +127,7 @@ func Start(ctx context.Context, cfg *config.Config, logger *slog.Logger) (_ *Dae
 }
 
 // start is Start for a checked cfg.
-func start(ctx context.Context, cfg *config.Config, poll control.PollMode, logger *slog.Logger) (_ *Daemon, err error) {
+func start(ctx context.Context, cfg *config.Config, poll appliance.PollMode, logger *slog.Logger) (_ *Daemon, err error) {
 	d := &Daemon{cfg: cfg, log: logger, ctx: ctx, errs: make(chan error, 3), health: &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var dialer net.Dialer
@@ -129,14 +135,16 @@ func start(ctx context.Context, cfg *config.Config, poll control.PollMode, logge
 		},
 		DisableKeepAlives: true,
 	}}}
-	d.app = appliance.New(appliance.Options{
+	if d.app, err = appliance.New(appliance.Options{
 		Socket:      cfg.Socket,
-		Limits:      cfg.Limits.Control(),
+		Limits:      limits(cfg.Limits),
 		Poll:        poll,
 		LocalSwitch: cfg.LocalSwitch,
 		Linger:      cfg.Linger,
 		Logger:      logger,
-	})
+	}); err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
 	defer func() {
 		if err != nil {
 			d.undo()

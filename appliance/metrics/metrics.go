@@ -18,8 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/taproce/taproce/appliance"
-	"github.com/taproce/taproce/appliance/impair"
 	"github.com/taproce/taproce/appliance/station"
+	"github.com/taproce/taproce/internal/impair"
 )
 
 // Namespace prefixes every metric name.
@@ -68,8 +68,8 @@ var (
 	descTxBytes   = portDesc("tx_bytes_total", "Bytes of the frames the port wrote to its TAP device.")
 	descRxErrors  = portDesc("rx_errors_total", "Reads of the TAP device that failed.")
 	descTxErrors  = portDesc("tx_errors_total", "Writes to the TAP device that failed.")
-	descDelivered = portDesc("delivered_total", "RoCEv2 packets the station passed to the transport.")
-	descDrops     = portDesc("drops_total", "Frames the station dropped, by reason.", "reason")
+	descDelivered = portDesc("delivered_total", "RoCEv2 packets the port passed to the transport (good headers, addresses and ICRC).")
+	descDrops     = portDesc("drops_total", "Received frames the port dropped, by reason (its RoCE receive path or its station).", "reason")
 	descImpair    = portDesc("impaired_frames_total", "Frames the port's fault injection acted on, by direction and action.", "direction", "action")
 	descMTU       = portDesc("mtu_bytes", "MTU of the port's TAP device.")
 
@@ -128,8 +128,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descTxBytes, s.TxBytes, dev, port)
 		counter(descRxErrors, s.RxErrors, dev, port)
 		counter(descTxErrors, s.TxErrors, dev, port)
-		counter(descDelivered, s.Station.Delivered, dev, port)
-		for r, v := range s.Station.Drops {
+		counter(descDelivered, s.Delivered, dev, port)
+		for r, v := range s.Drops {
 			counter(descDrops, v, dev, port, station.DropReason(r).String())
 		}
 		for _, d := range []struct {

@@ -13,8 +13,8 @@ import (
 
 	"github.com/taproce/taproce/appliance"
 	"github.com/taproce/taproce/appliance/control"
-	"github.com/taproce/taproce/appliance/impair"
 	"github.com/taproce/taproce/appliance/metrics"
+	"github.com/taproce/taproce/internal/impair"
 	"github.com/taproce/taproce/tap"
 )
 
@@ -37,8 +37,11 @@ func TestCollector(t *testing.T) {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	app := appliance.New(appliance.Options{Socket: filepath.Join(t.TempDir(), "s"), LocalSwitch: true, Logger: log,
+	app, err := appliance.New(appliance.Options{Socket: filepath.Join(t.TempDir(), "s"), LocalSwitch: true, Logger: log,
 		PeerNetns: func(int32) (uint64, error) { return self, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer app.Close()
 	a, b := tap.NewFakePair(1500, 64)
 	egress, err := impair.ParseSpec("duplicate=100%")

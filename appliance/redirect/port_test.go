@@ -116,8 +116,8 @@ func TestRedirectPorts(t *testing.T) {
 		if st.ARPReplies+st.ARPRequests+st.NeighborAdverts+st.NeighborSols+st.EchoReplies+st.EchoReplies6 != 0 {
 			t.Errorf("a silent station spoke on the wire: %+v", st)
 		}
-		if st.Delivered != 2 {
-			t.Errorf("delivered %d, want 2", st.Delivered)
+		if d := p.Stats().Delivered; d != 2 {
+			t.Errorf("delivered %d, want 2", d)
 		}
 	}
 	// The kernels resolved each other and still answer for their

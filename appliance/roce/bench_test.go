@@ -138,7 +138,8 @@ func BenchmarkBuildICRC(b *testing.B) {
 }
 
 // FuzzParse feeds arbitrary frames to Parse. Parse must not panic or read
-// out of bounds; a frame it accepts must lie within the input, survive
+// out of bounds; IsRoCE must agree with it (true for what it accepts,
+// false for what it calls ErrNotRoCE); a frame it accepts must lie within the input, survive
 // VerifyICRC unchanged, and rebuild from its fields into a frame that
 // parses to the same fields with a valid ICRC.
 func FuzzParse(f *testing.F) {
@@ -163,7 +164,11 @@ func FuzzParse(f *testing.F) {
 	f.Fuzz(func(t *testing.T, frame []byte) {
 		orig := bytes.Clone(frame)
 		var p roce.Packet
-		if err := roce.Parse(frame, &p); err != nil {
+		err := roce.Parse(frame, &p)
+		if errors.Is(err, roce.ErrNotRoCE) == roce.IsRoCE(frame) && (err == nil || errors.Is(err, roce.ErrNotRoCE)) {
+			t.Fatalf("IsRoCE = %v where Parse says %v", roce.IsRoCE(frame), err)
+		}
+		if err != nil {
 			return
 		}
 		if p.FrameLen() > len(frame) || p.HeaderLen()+p.PayloadLen > len(frame) {

@@ -86,6 +86,37 @@ func (p *Packet) SetPayloadLen(n int) {
 	p.BTH.PadCount = PadCount(n)
 }
 
+// IsRoCE reports whether frame is a UDP datagram to RoCEv2's port 4791,
+// over IPv4 or IPv6: what a port hands to the RoCE receive path (Parse,
+// the ICRC, the transport), as the kernel's UDP tunnel socket hands it to
+// rxe (rxe_udp_encap_recv), where everything else goes to the station. It
+// only looks at the port; Parse validates the rest.
+func IsRoCE(frame []byte) bool {
+	if len(frame) < EthernetLen {
+		return false
+	}
+	var l4 int
+	switch Ethernet(frame).EtherType() {
+	case EtherTypeIPv4:
+		if len(frame) < EthernetLen+IPv4Len {
+			return false
+		}
+		ip := IPv4(frame[EthernetLen:])
+		if ip.Protocol() != IPProtoUDP {
+			return false
+		}
+		l4 = EthernetLen + ip.IHL()
+	case EtherTypeIPv6:
+		if len(frame) < EthernetLen+IPv6Len || IPv6(frame[EthernetLen:]).NextHeader() != IPProtoUDP {
+			return false
+		}
+		l4 = EthernetLen + IPv6Len
+	default:
+		return false
+	}
+	return len(frame) >= l4+UDPLen && UDP(frame[l4:]).DstPort() == UDPPort
+}
+
 // Parse validates frame as a RoCEv2 packet and fills p. It checks, in
 // order: EtherType, IP version, protocol UDP, IPv4 fragment and options,
 // destination port 4791, IP and UDP lengths against each other and the

@@ -1,9 +1,10 @@
 // Package station is a port's own presence on its link: it answers ARP and
 // IPv6 neighbour solicitations and ICMP/ICMPv6 echo for the port's
 // addresses (so ping and arping work against a GID), resolves peers' MACs
-// with a neighbour cache that expires and re-resolves, hands the RoCEv2
-// frames addressed to it on to the transport, and drops and counts
-// everything else by reason.
+// with a neighbour cache that expires and re-resolves, and drops and
+// counts everything else by reason. RoCEv2 never reaches it: the port
+// hands UDP to port 4791 to the RoCE receive path, as the kernel hands it
+// to rxe.
 //
 // A station does no I/O of its own: frames come in through Input and go
 // out through the Send function of its Config, so it runs unchanged on a
@@ -45,8 +46,8 @@ type Config struct {
 	// Resolver, when set, makes the station silent: the addresses belong
 	// to another stack on the same link (redirect mode: the pod's kernel),
 	// which answers ARP, neighbour solicitations and echo requests, so the
-	// station takes only UDP (RoCEv2), never announces itself, and Resolve
-	// asks the Resolver instead of the link.
+	// station answers nothing, never announces itself, and Resolve asks
+	// the Resolver instead of the link.
 	Resolver Resolver
 }
 
@@ -62,33 +63,31 @@ type Verdict int
 const (
 	// Consumed: the station handled the frame (ARP, ND, echo).
 	Consumed Verdict = iota
-	// Deliver: a RoCEv2 packet for this station with a good ICRC; the
-	// packet descriptor passed to Input is filled in.
-	Deliver
 	// Dropped: not for this station or not valid; counted by reason.
 	Dropped
 )
 
-// DropReason classifies dropped frames.
+// DropReason classifies the frames a port drops: the station's reasons,
+// and the two only the port's RoCE receive path has (DropRoCE, DropICRC).
 type DropReason int
 
 // Drop reasons.
 const (
-	DropNotForUs  DropReason = iota // destination MAC is someone else's
-	DropEtherType                   // neither ARP, IPv4 nor IPv6
-	DropMalformed                   // bad header, length or checksum
-	DropNotOurIP                    // IP destination (or ARP target) is not ours
-	DropProtocol                    // IP protocol, UDP port or ICMP type not handled
-	DropRoCE                        // UDP/4791 for us but not a valid RoCEv2 packet
-	DropICRC                        // RoCEv2 packet with a bad ICRC
-	numDropReasons
+	DropNotForUs   DropReason = iota // destination MAC is someone else's
+	DropEtherType                    // neither ARP, IPv4 nor IPv6
+	DropMalformed                    // bad header, length or checksum
+	DropNotOurIP                     // IP destination (or ARP target) is not ours
+	DropProtocol                     // IP protocol, UDP port or ICMP type not handled
+	DropRoCE                         // UDP/4791 for us but not a valid RoCEv2 packet
+	DropICRC                         // RoCEv2 packet with a bad ICRC
+	NumDropReasons                   // how many reasons there are
 )
 
-var dropNames = [numDropReasons]string{"not_for_us", "ethertype", "malformed", "not_our_ip", "protocol", "roce_invalid", "icrc"}
+var dropNames = [NumDropReasons]string{"not_for_us", "ethertype", "malformed", "not_our_ip", "protocol", "roce_invalid", "icrc"}
 
 // String names the reason as metrics label it.
 func (r DropReason) String() string {
-	if r < 0 || r >= numDropReasons {
+	if r < 0 || r >= NumDropReasons {
 		return fmt.Sprintf("reason_%d", int(r))
 	}
 	return dropNames[r]
@@ -96,8 +95,7 @@ func (r DropReason) String() string {
 
 // Stats counts what a station did.
 type Stats struct {
-	Drops                         [numDropReasons]uint64
-	Delivered                     uint64
+	Drops                         [NumDropReasons]uint64
 	ARPReplies, ARPRequests       uint64 // sent
 	NeighborAdverts, NeighborSols uint64 // sent
 	EchoReplies, EchoReplies6     uint64 // sent
@@ -139,8 +137,8 @@ type Station struct {
 	neigh map[netip.Addr]*neighbor
 
 	stats struct {
-		drops                               [numDropReasons]atomic.Uint64
-		delivered, arpReplies, arpRequests  atomic.Uint64
+		drops                               [NumDropReasons]atomic.Uint64
+		arpReplies, arpRequests             atomic.Uint64
 		adverts, sols, echo, echo6, learned atomic.Uint64
 	}
 }
@@ -254,7 +252,6 @@ func (s *Station) Stats() Stats {
 	for i := range st.Drops {
 		st.Drops[i] = s.stats.drops[i].Load()
 	}
-	st.Delivered = s.stats.delivered.Load()
 	st.ARPReplies = s.stats.arpReplies.Load()
 	st.ARPRequests = s.stats.arpRequests.Load()
 	st.NeighborAdverts = s.stats.adverts.Load()
@@ -282,10 +279,9 @@ func (s *Station) acceptMAC(m roce.MAC) bool {
 	return false
 }
 
-// Input handles one frame from the link. For a RoCEv2 packet addressed to
-// the station it fills p and returns Deliver; frame must then stay
-// unchanged while the caller uses p with it.
-func (s *Station) Input(frame []byte, p *roce.Packet) Verdict {
+// Input handles one frame from the link that is not RoCEv2 (the port's
+// RoCE receive path takes UDP to port 4791).
+func (s *Station) Input(frame []byte) Verdict {
 	if len(frame) < roce.EthernetLen {
 		return s.drop(DropMalformed)
 	}
@@ -293,16 +289,16 @@ func (s *Station) Input(frame []byte, p *roce.Packet) Verdict {
 	if !s.acceptMAC(eth.Dst()) {
 		return s.drop(DropNotForUs)
 	}
-	if s.cfg.Resolver != nil && !isUDP(frame) {
-		return s.drop(DropProtocol)
+	if s.cfg.Resolver != nil {
+		return s.drop(DropProtocol) // another stack answers
 	}
 	switch eth.EtherType() {
 	case roce.EtherTypeARP:
 		return s.inputARP(frame)
 	case roce.EtherTypeIPv4:
-		return s.inputIPv4(frame, p)
+		return s.inputIPv4(frame)
 	case roce.EtherTypeIPv6:
-		return s.inputIPv6(frame, p)
+		return s.inputIPv6(frame)
 	}
 	return s.drop(DropEtherType)
 }
@@ -330,7 +326,7 @@ func (s *Station) inputARP(frame []byte) Verdict {
 	return Consumed
 }
 
-func (s *Station) inputIPv4(frame []byte, p *roce.Packet) Verdict {
+func (s *Station) inputIPv4(frame []byte) Verdict {
 	if len(frame) < roce.EthernetLen+roce.IPv4Len {
 		return s.drop(DropMalformed)
 	}
@@ -345,8 +341,6 @@ func (s *Station) inputIPv4(frame []byte, p *roce.Packet) Verdict {
 		return s.drop(DropNotOurIP)
 	}
 	switch ip.Protocol() {
-	case roce.IPProtoUDP:
-		return s.inputRoCE(frame, p)
 	case protoICMP:
 		if ip.IsFragment() {
 			return s.drop(DropProtocol)
@@ -373,25 +367,7 @@ func (s *Station) inputIPv4(frame []byte, p *roce.Packet) Verdict {
 	return s.drop(DropProtocol)
 }
 
-func (s *Station) inputRoCE(frame []byte, p *roce.Packet) Verdict {
-	err := roce.Parse(frame, p)
-	switch {
-	case errors.Is(err, roce.ErrNotRoCE):
-		return s.drop(DropProtocol)
-	case err != nil:
-		return s.drop(DropRoCE)
-	}
-	if p.DstMAC != s.mac {
-		return s.drop(DropNotForUs)
-	}
-	if p.VerifyICRC(frame) != nil {
-		return s.drop(DropICRC)
-	}
-	s.stats.delivered.Add(1)
-	return Deliver
-}
-
-func (s *Station) inputIPv6(frame []byte, p *roce.Packet) Verdict {
+func (s *Station) inputIPv6(frame []byte) Verdict {
 	if len(frame) < roce.EthernetLen+roce.IPv6Len {
 		return s.drop(DropMalformed)
 	}
@@ -406,11 +382,6 @@ func (s *Station) inputIPv6(frame []byte, p *roce.Packet) Verdict {
 		return s.drop(DropNotOurIP)
 	}
 	switch ip.NextHeader() {
-	case roce.IPProtoUDP:
-		if !unicast {
-			return s.drop(DropNotOurIP)
-		}
-		return s.inputRoCE(frame, p)
 	case protoICMPv6:
 		return s.inputICMPv6(frame, ip, frame[roce.EthernetLen+roce.IPv6Len:end], unicast)
 	}
@@ -721,15 +692,4 @@ func pickSource(prefixes []netip.Prefix, a netip.Addr) (netip.Addr, bool) {
 		return prefixes[0].Addr(), true
 	}
 	return netip.Addr{}, false
-}
-
-// isUDP reports whether frame carries UDP directly over IPv4 or IPv6.
-func isUDP(frame []byte) bool {
-	switch roce.Ethernet(frame).EtherType() {
-	case roce.EtherTypeIPv4:
-		return len(frame) >= roce.EthernetLen+roce.IPv4Len && roce.IPv4(frame[roce.EthernetLen:]).Protocol() == roce.IPProtoUDP
-	case roce.EtherTypeIPv6:
-		return len(frame) >= roce.EthernetLen+roce.IPv6Len && roce.IPv6(frame[roce.EthernetLen:]).NextHeader() == roce.IPProtoUDP
-	}
-	return false
 }

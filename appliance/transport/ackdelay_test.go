@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/taproce/taproce/appliance/impair"
 	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/internal/impair"
 )
 
 // sentFrame is a frame a sim port sent: its opcode, its syndrome for an

@@ -4,8 +4,8 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/taproce/taproce/appliance/impair"
 	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/internal/impair"
 )
 
 // TestAckReqStream: a message asks for an acknowledgement (BTH AckReq) at

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/taproce/taproce/appliance/impair"
+	"github.com/taproce/taproce/internal/impair"
 )
 
 // TestLossyLongReads: READs of many pieces (1 MiB at a path MTU of 1024,

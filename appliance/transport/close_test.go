@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/taproce/taproce/appliance/impair"
 	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/internal/impair"
 )
 
 // TestCloseLinger is the end of a latency run (perftest's write_lat,

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/taproce/taproce/appliance/impair"
 	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/internal/impair"
 )
 
 const base = 0x10000

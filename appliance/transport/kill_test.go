@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/taproce/taproce/appliance/impair"
 	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/internal/impair"
 )
 
 // TestKill: B's QP is killed (its owner died) while A, with retry_cnt 7,

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/taproce/taproce/appliance/impair"
+	"github.com/taproce/taproce/internal/impair"
 )
 
 // woken reports whether e's TickWake was signalled, and clears it.

@@ -3,8 +3,8 @@ package transport
 import (
 	"testing"
 
-	"github.com/taproce/taproce/appliance/impair"
 	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/internal/impair"
 )
 
 // TestLocalErrorAfterLoss: a lost packet ahead of a WQE that fails locally

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/taproce/taproce/appliance/capture"
-	"github.com/taproce/taproce/appliance/impair"
 	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/internal/impair"
 )
 
 // rxeFramesFile holds eight frames of Linux Soft-RoCE (rdma_rxe, kernel

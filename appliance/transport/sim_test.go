@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/taproce/taproce/appliance/impair"
 	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/internal/impair"
 )
 
 // The simulation: two engines joined by an in-memory link that can lose,

@@ -4,8 +4,8 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/taproce/taproce/appliance/impair"
 	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/internal/impair"
 )
 
 // TestSRQ: two QPs of B take receive WQEs from one SRQ in order; the

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/taproce/taproce/appliance/impair"
 	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/internal/impair"
 )
 
 // parsed returns the packet of a frame the sim saw, failing the test when

@@ -1,10 +1,8 @@
 package cli
 
 import (
-	"context"
 	"encoding/binary"
 	"fmt"
-	"log/slog"
 	"net/netip"
 	"path/filepath"
 	"strings"
@@ -12,49 +10,16 @@ import (
 	"testing"
 
 	"github.com/taproce/taproce/appliance"
-	"github.com/taproce/taproce/appliance/control"
-	"github.com/taproce/taproce/tap"
+	"github.com/taproce/taproce/appliance/appliancetest"
 )
 
 // startVerbsRig runs an appliance with two ports (taproce0 10.77.0.1,
-// taproce1 10.77.0.2) on a fake wire, serving verbs on a socket in a
-// temporary directory that TAPROCE_SOCKET names. Clients are in the
-// ports' namespace until *elsewhere is set.
+// taproce1 10.77.0.2) on a fake wire that TAPROCE_SOCKET names. Clients
+// are in the ports' namespace until *elsewhere is set.
 func startVerbsRig(t *testing.T) (app *appliance.Appliance, elsewhere *atomic.Bool) {
 	t.Helper()
-	sock := filepath.Join(t.TempDir(), "taproce.sock")
-	t.Setenv("TAPROCE_SOCKET", sock)
-	self, err := control.NetnsInode("/proc/self/ns/net")
-	if err != nil {
-		t.Fatal(err)
-	}
-	elsewhere = new(atomic.Bool)
-	app = appliance.New(appliance.Options{Socket: sock, Logger: slog.New(slog.DiscardHandler),
-		PeerNetns: func(int32) (uint64, error) {
-			if elsewhere.Load() {
-				return self + 1, nil
-			}
-			return self, nil
-		}})
-	a, b := tap.NewFakePair(1500, 1024)
-	for i, dev := range []tap.Device{a, b} {
-		addr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 77, 0, byte(i + 1)}), 24)
-		if _, err := app.AddPortOn(dev, appliance.PortConfig{Namespace: "cmd", Name: dev.Name(), Addrs: []netip.Prefix{addr}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := app.Control().Listen(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- app.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-		app.Close()
-	})
-	return app, elsewhere
+	r := appliancetest.New(t, appliancetest.Options{Namespace: "cmd"})
+	return r.App, &r.Elsewhere
 }
 
 // rigNodeGUID is the EUI-64 node GUID of a port's MAC, as rxe derives it.

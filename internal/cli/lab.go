@@ -11,7 +11,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/taproce/taproce/appliance/control"
+	"github.com/taproce/taproce/appliance"
 	"github.com/taproce/taproce/internal/cpulist"
 	"github.com/taproce/taproce/internal/lab"
 )
@@ -62,7 +62,7 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	o.Out = stdout
-	pm, err := control.ParsePollMode(*poll)
+	pm, err := appliance.ParsePollMode(*poll)
 	if err != nil {
 		fmt.Fprintln(stderr, "taproce lab:", err)
 		return 2

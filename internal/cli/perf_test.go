@@ -2,20 +2,15 @@ package cli
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"net"
-	"net/netip"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
 	"testing"
 
-	"github.com/taproce/taproce/appliance"
-	"github.com/taproce/taproce/appliance/control"
-	"github.com/taproce/taproce/tap"
+	"github.com/taproce/taproce/appliance/appliancetest"
 )
 
 func TestPerfUsage(t *testing.T) {
@@ -49,31 +44,7 @@ func TestPerfCommand(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts an appliance")
 	}
-	sock := filepath.Join(t.TempDir(), "taproce.sock")
-	t.Setenv("TAPROCE_SOCKET", sock)
-	self, err := control.NetnsInode("/proc/self/ns/net")
-	if err != nil {
-		t.Fatal(err)
-	}
-	app := appliance.New(appliance.Options{Socket: sock, PeerNetns: func(int32) (uint64, error) { return self, nil }})
-	a, b := tap.NewFakePair(1500, 1024)
-	for i, dev := range []tap.Device{a, b} {
-		addr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 78, 0, byte(i + 1)}), 24)
-		if _, err := app.AddPortOn(dev, appliance.PortConfig{Namespace: "cmd", Name: dev.Name(), Addrs: []netip.Prefix{addr}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := app.Control().Listen(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- app.Serve(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-		app.Close()
-	}()
+	appliancetest.New(t, appliancetest.Options{Namespace: "cmd", Net: 78})
 
 	for _, c := range []struct {
 		test, size, header string

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/taproce/taproce/appliance/control"
+	"github.com/taproce/taproce/appliance"
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/appliance/transport"
 	"github.com/taproce/taproce/internal/netnsutil"
@@ -256,7 +256,7 @@ func BenchmarkLabWrite64K(b *testing.B) {
 // the client processes of BenchmarkLabSpeed.
 func BenchmarkLabSendPingPong(b *testing.B) {
 	testnet.RequireRoot(b)
-	l, err := Build(Topology{Prefix: testnet.Name() + "-", Hosts: 2, MTU: 9000, Offload: true, Poll: control.PollBlock,
+	l, err := Build(Topology{Prefix: testnet.Name() + "-", Hosts: 2, MTU: 9000, Offload: true, Poll: appliance.PollBlock,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		b.Fatal(err)

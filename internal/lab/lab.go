@@ -21,10 +21,9 @@ import (
 
 	"github.com/taproce/taproce/appliance"
 	"github.com/taproce/taproce/appliance/capture"
-	"github.com/taproce/taproce/appliance/control"
-	"github.com/taproce/taproce/appliance/impair"
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/internal/cpulist"
+	"github.com/taproce/taproce/internal/impair"
 	"github.com/taproce/taproce/internal/netnsutil"
 )
 
@@ -58,7 +57,7 @@ type Topology struct {
 	// wire as between two machines).
 	LocalSwitch bool
 	// Poll is how the appliance waits for its clients' posts.
-	Poll control.PollMode
+	Poll appliance.PollMode
 	// Procs is how many processors the lab's process runs on while
 	// clients use the appliance (config procs; 0: as Poll chooses).
 	Procs int
@@ -164,7 +163,9 @@ func Build(t Topology) (l *Lab, err error) {
 	if l.clientCPUs, err = clientCPUs(t.CPUs); err != nil {
 		return nil, err
 	}
-	l.App = appliance.New(appliance.Options{Socket: t.Socket, LocalSwitch: t.LocalSwitch, Poll: t.Poll, Logger: t.Logger})
+	if l.App, err = appliance.New(appliance.Options{Socket: t.Socket, LocalSwitch: t.LocalSwitch, Poll: t.Poll, Logger: t.Logger}); err != nil {
+		return nil, fmt.Errorf("lab: %w", err)
+	}
 	defer func() {
 		if err != nil {
 			l.Close()

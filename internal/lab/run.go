@@ -18,10 +18,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/taproce/taproce/appliance"
 	"github.com/taproce/taproce/appliance/capture"
-	"github.com/taproce/taproce/appliance/control"
-	"github.com/taproce/taproce/appliance/impair"
 	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/internal/impair"
 	"github.com/taproce/taproce/internal/netnsutil"
 	"github.com/taproce/taproce/tap"
 )
@@ -48,7 +48,7 @@ type Options struct {
 	// Socket is the appliance's control socket (default DefaultSocket).
 	Socket string
 	// Poll is how the appliance waits for its clients' posts.
-	Poll control.PollMode
+	Poll appliance.PollMode
 	// Procs is how many processors the appliance runs on while clients
 	// use it (config procs; 0: as Poll chooses, appliance.Procs).
 	Procs int

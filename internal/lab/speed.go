@@ -13,7 +13,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/taproce/taproce/appliance/control"
+	"github.com/taproce/taproce/appliance"
 	"github.com/taproce/taproce/internal/cpulist"
 	"github.com/taproce/taproce/internal/netnsutil"
 	"github.com/taproce/taproce/tap"
@@ -25,7 +25,7 @@ type SpeedOptions struct {
 	Prefix string
 	// Poll is how the appliance waits: on its TAPs and on its clients'
 	// rings.
-	Poll control.PollMode
+	Poll appliance.PollMode
 	// Procs is how many processors the appliance runs on (config procs;
 	// 0: as Poll chooses). The baselines run on all of them.
 	Procs int
@@ -52,7 +52,7 @@ type SpeedOptions struct {
 // SpeedResult is what Speed measured, every figure next to its baseline
 // from the same run and the same veth.
 type SpeedResult struct {
-	Poll control.PollMode
+	Poll appliance.PollMode
 	// WriteBW is `taproce perf write_bw -s 65536` between the two hosts'
 	// client processes, TCP one TCP stream between the hosts' kernels over
 	// the same veth (the median of SpeedOptions.TCPRuns runs); both in
@@ -115,21 +115,16 @@ func Speed(ctx context.Context, o SpeedOptions) (*SpeedResult, error) {
 	}
 	defer l.Close()
 	a, b := l.Hosts[0], l.Hosts[1]
-	res := &SpeedResult{Poll: o.Poll, RawSpin: o.Poll.Spin() != 0, CPUs: o.CPUs}
+	res := &SpeedResult{Poll: o.Poll, RawSpin: o.Poll.Linger() != 0, CPUs: o.CPUs}
 
-	// While the baselines run, the appliance's own readers sleep (its
-	// polling loop naps), so that they take no core from them.
+	// While the baselines run, the appliance's polling loop naps, so that
+	// it takes no core from them.
 	rest := func(on bool) {
-		spin, nap := o.Poll.Spin(), time.Duration(0)
+		nap := time.Duration(0)
 		if on {
-			spin, nap = 0, time.Millisecond
+			nap = time.Millisecond
 		}
-		for _, h := range l.Hosts {
-			h.Port.Device().(*tap.Tap).SetSpin(spin)
-		}
-		if lp := l.App.Loop(); lp != nil {
-			lp.SetRest(nap)
-		}
+		l.App.Loop().SetRest(nap)
 	}
 	rest(true)
 	tcp := make([]float64, o.TCPRuns)

@@ -13,7 +13,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/taproce/taproce/appliance"
-	"github.com/taproce/taproce/appliance/control"
 	"github.com/taproce/taproce/internal/cpulist"
 	"github.com/taproce/taproce/internal/testnet"
 )
@@ -40,13 +39,13 @@ func BenchmarkLabSpeed(b *testing.B) {
 	}
 	for _, c := range []struct {
 		name  string
-		mode  control.PollMode
+		mode  appliance.PollMode
 		procs int
 		cpus  string
 	}{
-		{"block", control.PollBlock, 0, ""}, {"adaptive", control.PollAdaptive, 0, ""}, {"spin", control.PollSpin, 0, ""},
-		{"spin-all-procs", control.PollSpin, runtime.GOMAXPROCS(0), ""},
-		{"block-own-cpus", control.PollBlock, 0, own}, {"spin-own-cpus", control.PollSpin, 0, own},
+		{"block", appliance.PollBlock, 0, ""}, {"adaptive", appliance.PollAdaptive, 0, ""}, {"spin", appliance.PollSpin, 0, ""},
+		{"spin-all-procs", appliance.PollSpin, runtime.GOMAXPROCS(0), ""},
+		{"block-own-cpus", appliance.PollBlock, 0, own}, {"spin-own-cpus", appliance.PollSpin, 0, own},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			if strings.HasSuffix(c.name, "-own-cpus") && own == "" {
@@ -85,12 +84,12 @@ func TestSpeed(t *testing.T) {
 		t.Fatal(err)
 	}
 	type run struct {
-		mode control.PollMode
+		mode appliance.PollMode
 		cpus string
 	}
-	cases := []run{{control.PollBlock, ""}, {control.PollSpin, ""}}
+	cases := []run{{appliance.PollBlock, ""}, {appliance.PollSpin, ""}}
 	if own != "" {
-		cases = append(cases, run{control.PollBlock, own})
+		cases = append(cases, run{appliance.PollBlock, own})
 	}
 	for _, c := range cases {
 		mode := c.mode
@@ -116,7 +115,7 @@ func TestSpeed(t *testing.T) {
 			if n := appliance.Procs(mode, 0, ncpus); n > 0 {
 				procs = n
 			}
-			if r.WriteBW <= 0 || r.TCP <= 0 || r.SendLat <= 0 || r.Raw <= 0 || r.Events <= 0 || r.Poll != mode || r.RawSpin != (mode == control.PollSpin) ||
+			if r.WriteBW <= 0 || r.TCP <= 0 || r.SendLat <= 0 || r.Raw <= 0 || r.Events <= 0 || r.Poll != mode || r.RawSpin != (mode == appliance.PollSpin) ||
 				r.Procs != procs || r.CPUs != c.cpus {
 				t.Errorf("result %+v", r)
 			}
@@ -142,17 +141,17 @@ func TestAppPlace(t *testing.T) {
 		t.Fatal(err)
 	}
 	type placement struct {
-		poll control.PollMode
+		poll appliance.PollMode
 		cpus string
 		want int
 	}
-	cases := []placement{{control.PollSpin, "", 2}, {control.PollBlock, "", 4}, {control.PollAdaptive, "", 4}}
+	cases := []placement{{appliance.PollSpin, "", 2}, {appliance.PollBlock, "", 4}, {appliance.PollAdaptive, "", 4}}
 	if own != "" {
 		set, err := cpulist.Parse(own)
 		if err != nil {
 			t.Fatal(err)
 		}
-		cases = append(cases, placement{control.PollBlock, own, set.Count()}, placement{control.PollSpin, own, max(1, set.Count()/2)})
+		cases = append(cases, placement{appliance.PollBlock, own, set.Count()}, placement{appliance.PollSpin, own, max(1, set.Count()/2)})
 	}
 	for _, c := range cases {
 		l := &Lab{Topology: Topology{Poll: c.poll, CPUs: c.cpus, Logger: slog.Default()}}

@@ -5,8 +5,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/netip"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -14,9 +12,8 @@ import (
 	"time"
 
 	"github.com/taproce/taproce/appliance"
-	"github.com/taproce/taproce/appliance/control"
-	"github.com/taproce/taproce/appliance/impair"
-	"github.com/taproce/taproce/tap"
+	"github.com/taproce/taproce/appliance/appliancetest"
+	"github.com/taproce/taproce/internal/impair"
 )
 
 // rig is an appliance with two ports (taproce0 10.77.0.1, taproce1
@@ -27,46 +24,17 @@ type rig struct {
 	app *appliance.Appliance
 }
 
-func newRig(t *testing.T, localSwitch bool, mtu int, poll control.PollMode) *rig {
+func newRig(t *testing.T, localSwitch bool, mtu int, poll appliance.PollMode) *rig {
 	t.Helper()
 	return newRigIngress(t, localSwitch, mtu, poll, impair.Spec{})
 }
 
 // newRigIngress is newRig whose first port (taproce0, the servers') impairs
 // what it receives as in says.
-func newRigIngress(t *testing.T, localSwitch bool, mtu int, poll control.PollMode, in impair.Spec) *rig {
+func newRigIngress(t *testing.T, localSwitch bool, mtu int, poll appliance.PollMode, in impair.Spec) *rig {
 	t.Helper()
-	sock := filepath.Join(t.TempDir(), "taproce.sock")
-	t.Setenv("TAPROCE_SOCKET", sock)
-	self, err := control.NetnsInode("/proc/self/ns/net")
-	if err != nil {
-		t.Fatal(err)
-	}
-	app := appliance.New(appliance.Options{Socket: sock, LocalSwitch: localSwitch, Poll: poll,
-		PeerNetns: func(int32) (uint64, error) { return self, nil }})
-	a, b := tap.NewFakePair(mtu, 4096)
-	for i, dev := range []tap.Device{a, b} {
-		addr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 77, 0, byte(i + 1)}), 24)
-		cfg := appliance.PortConfig{Namespace: "perf", Name: dev.Name(), MTU: mtu, Addrs: []netip.Prefix{addr}}
-		if i == 0 {
-			cfg.Ingress = in
-		}
-		if _, err := app.AddPortOn(dev, cfg); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := app.Control().Listen(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- app.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-		app.Close()
-	})
-	return &rig{app: app}
+	r := appliancetest.New(t, appliancetest.Options{LocalSwitch: localSwitch, MTU: mtu, Poll: poll, Depth: 4096, Namespace: "perf", Ingress: in})
+	return &rig{app: r.App}
 }
 
 // pair is the outcome of a server and a client run against each other.
@@ -229,8 +197,8 @@ func TestPairs(t *testing.T) {
 		name  string
 		local bool
 		mtu   int
-		poll  control.PollMode
-	}{{"wire", false, 1500, control.PollAdaptive}, {"local-switch", true, 9000, control.PollBlock}} {
+		poll  appliance.PollMode
+	}{{"wire", false, 1500, appliance.PollAdaptive}, {"local-switch", true, 9000, appliance.PollBlock}} {
 		t.Run(c.name, func(t *testing.T) {
 			r := newRig(t, c.local, c.mtu, c.poll)
 			before := r.app.NICs()[1].Engine().Stats()
@@ -314,7 +282,7 @@ func TestOptions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs tests over an in-process appliance")
 	}
-	newRig(t, true, 9000, control.PollBlock)
+	newRig(t, true, 9000, appliance.PollBlock)
 	t.Run("write_bw -a", func(t *testing.T) {
 		p := runPair(t, "write_bw", "-a", "-n", "5")
 		if len(p.client) != 23 {
@@ -408,7 +376,7 @@ func TestLatDurationPeerGone(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs tests over an in-process appliance")
 	}
-	newRigIngress(t, false, 9000, control.PollBlock, impair.Spec{Delay: 20 * time.Millisecond})
+	newRigIngress(t, false, 9000, appliance.PollBlock, impair.Spec{Delay: 20 * time.Millisecond})
 	p := runPairSides(t, "write_lat", []string{"-D", "2", "-s", "64"}, []string{"-D", "3", "-s", "64"})
 	if r := p.client[0]; r.Duration != 3 || r.Iters == 0 {
 		t.Fatalf("client %+v", r)

@@ -5,18 +5,15 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/netip"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/taproce/taproce/appliance"
-	"github.com/taproce/taproce/appliance/control"
-	"github.com/taproce/taproce/tap"
+	"github.com/taproce/taproce/appliance/appliancetest"
 	"github.com/taproce/taproce/verbs"
 )
 
@@ -25,34 +22,7 @@ import (
 // socket in a temporary directory that TAPROCE_SOCKET names.
 func startAppliance(t testing.TB, localSwitch bool, mtu int) *appliance.Appliance {
 	t.Helper()
-	sock := filepath.Join(t.TempDir(), "taproce.sock")
-	t.Setenv("TAPROCE_SOCKET", sock)
-	self, err := control.NetnsInode("/proc/self/ns/net")
-	if err != nil {
-		t.Fatal(err)
-	}
-	app := appliance.New(appliance.Options{Socket: sock, LocalSwitch: localSwitch, Logger: slog.New(slog.DiscardHandler),
-		PeerNetns: func(int32) (uint64, error) { return self, nil }})
-	a, b := tap.NewFakePair(mtu, 1024)
-	for i, dev := range []tap.Device{a, b} {
-		addr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 77, 0, byte(i + 1)}), 24)
-		if _, err := app.AddPortOn(dev, appliance.PortConfig{Namespace: "pingpong", Name: dev.Name(), MTU: mtu,
-			Addrs: []netip.Prefix{addr}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := app.Control().Listen(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- app.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-		app.Close()
-	})
-	return app
+	return appliancetest.New(t, appliancetest.Options{LocalSwitch: localSwitch, MTU: mtu, Namespace: "pingpong"}).App
 }
 
 // outcome is one side's run.

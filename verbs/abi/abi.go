@@ -36,6 +36,14 @@ const (
 	Version = 1
 )
 
+// DefaultSocket is the control socket's path when neither side is told
+// another (the appliance's config socket, a client's TAPROCE_SOCKET).
+const DefaultSocket = "/run/taproce/taproce.sock"
+
+// SocketEnv names the environment variable that tells a client where the
+// appliance's control socket is.
+const SocketEnv = "TAPROCE_SOCKET"
+
 // HeaderLen is the size of a message header; MaxMessage bounds a whole
 // message.
 const (

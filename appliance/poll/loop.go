@@ -1,4 +1,4 @@
-package spin
+package poll
 
 import (
 	"context"
@@ -9,13 +9,15 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/taproce/taproce/internal/spin"
 )
 
 // A Loop polls many sources from one goroutine: an appliance's TAP readers
 // and its clients' rings. Each pass calls every poll function once. What a
 // pass that finds no work does depends on the kind of loop:
 //
-//   - A spinning loop (NewLoop) gives way (Spinner.Idle) and polls again.
+//   - A spinning loop (NewLoop) gives way (spin.Spinner.Idle) and polls again.
 //     One goroutine for all sources, where each could spin on its own, is
 //     what lets a spinning process have more processors than spinners: the
 //     loop takes one, and the others are left to the work that sleeps
@@ -116,7 +118,7 @@ func NewLoop() *Loop {
 func NewBlockingLoop() (*Loop, error) {
 	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
-		return nil, fmt.Errorf("spin: blocking loop: eventfd: %w", err)
+		return nil, fmt.Errorf("poll: blocking loop: eventfd: %w", err)
 	}
 	l := NewLoop()
 	l.blocking, l.efd = true, fd
@@ -142,7 +144,7 @@ func (l *Loop) Close() error {
 // SetRest makes every pass of a spinning loop that finds no work sleep for
 // d, so that the loop leaves the processors to others while latency does
 // not matter (a benchmark's baseline); 0, the default, only gives way
-// (Spinner.Idle).
+// (spin.Spinner.Idle).
 func (l *Loop) SetRest(d time.Duration) { l.rest.Store(int64(d)) }
 
 // SetLinger makes a blocking loop keep polling, giving way between passes,
@@ -247,7 +249,7 @@ func (l *Loop) AddHold(due func() int64, flush func()) (remove func()) {
 // once its helper has stopped too. A blocking loop's Run keeps its
 // goroutine on one thread — the one its sources' wakeups reach.
 func (l *Loop) Run(ctx context.Context) {
-	var sp Spinner
+	var sp spin.Spinner
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Add(1)
@@ -302,7 +304,7 @@ func pollEntry(e *loopEntry) bool {
 // passOnce is one pass of Run: every poll function once, then, when none
 // found work, what the kind of loop does then. It reports false when there
 // was nothing to poll.
-func (l *Loop) passOnce(sp *Spinner) bool {
+func (l *Loop) passOnce(sp *spin.Spinner) bool {
 	l.pass.Add(1)
 	list := *l.list.Load()
 	if len(list) == 0 {
@@ -350,7 +352,7 @@ func (l *Loop) passOnce(sp *Spinner) bool {
 	case holding, l.lingering():
 		// No runtime.Gosched on the loop's locked thread: it would wake
 		// another thread to take the processor.
-		OSYield()
+		spin.OSYield()
 	default:
 		l.sleep(list)
 	}
@@ -415,7 +417,7 @@ const helperIdlePasses = 32
 // than one source, it makes passes of its own, polling the sources the
 // loop's goroutine is not polling, until it finds nothing for a while.
 func (l *Loop) help(ctx context.Context) {
-	var sp Spinner
+	var sp spin.Spinner
 	for {
 		select {
 		case <-l.helpWake:

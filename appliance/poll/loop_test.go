@@ -1,4 +1,4 @@
-package spin
+package poll
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/taproce/taproce/internal/spin"
 )
 
 // runLoop runs l until the test ends.
@@ -146,7 +148,7 @@ func TestLoopPassAllocs(t *testing.T) {
 	busy := true
 	l.Add(func() bool { return busy })
 	l.Add(func() bool { return false })
-	var sp Spinner
+	var sp spin.Spinner
 	if n := testing.AllocsPerRun(100, func() { l.passOnce(&sp) }); n != 0 {
 		t.Errorf("a busy pass: %v allocations", n)
 	}
@@ -165,7 +167,7 @@ func BenchmarkLoopPass(b *testing.B) {
 	for range 8 {
 		l.Add(func() bool { n++; return n%2 == 0 })
 	}
-	var sp Spinner
+	var sp spin.Spinner
 	for b.Loop() {
 		l.passOnce(&sp)
 	}
@@ -343,14 +345,17 @@ func TestBlockingLoopHold(t *testing.T) {
 	defer remove()
 	runLoop(t, l)
 	settled(t, "the loop sleeps", &l.pass)
-	due.Store(time.Now().Add(30 * time.Millisecond).UnixNano())
+	// Due long after the test would fail: until then the loop must go on
+	// polling the quiet source, which a sleeping loop would not.
+	due.Store(time.Now().Add(time.Hour).UnixNano())
 	s.put(t) // wakes the loop, which now sees the hold
 	eventually(t, "polled", func() bool { return s.works.Load() == 1 })
 	p := s.polls.Load()
-	time.Sleep(10 * time.Millisecond)
-	if flushes.Load() == 0 && s.polls.Load()-p < 10 {
-		t.Errorf("%d polls in 10 ms of a pending hold", s.polls.Load()-p)
+	eventually(t, "ten polls while the hold is pending", func() bool { return s.polls.Load()-p >= 10 })
+	if flushes.Load() != 0 {
+		t.Fatal("flushed an hour early")
 	}
+	due.Store(time.Now().UnixNano())
 	eventually(t, "flushed", func() bool { return flushes.Load() == 1 })
 	settled(t, "the loop sleeps after the flush", &l.pass)
 	remove()
@@ -430,7 +435,9 @@ func testHelper(t *testing.T, l *Loop) {
 // last work before it sleeps.
 func TestBlockingLoopLinger(t *testing.T) {
 	l := newBlocking(t)
-	l.SetLinger(30 * time.Millisecond)
+	// Long enough that even a loaded machine lets it poll ten times
+	// meanwhile, short enough for the test to see it end.
+	l.SetLinger(2 * time.Second)
 	s := newPipeSource(t)
 	defer l.AddSleeper(s.poll, Sleeper{Fd: s.r})()
 	runLoop(t, l)
@@ -438,10 +445,7 @@ func TestBlockingLoopLinger(t *testing.T) {
 	s.put(t)
 	eventually(t, "polled", func() bool { return s.works.Load() == 1 })
 	p := s.polls.Load()
-	time.Sleep(10 * time.Millisecond)
-	if d := s.polls.Load() - p; d < 10 {
-		t.Errorf("%d polls in the first 10 ms of a 30 ms linger", d)
-	}
+	eventually(t, "ten polls while lingering", func() bool { return s.polls.Load()-p >= 10 })
 	settled(t, "the loop sleeps after lingering", &l.pass)
 }
 
@@ -452,11 +456,16 @@ func TestBlockingLoopNoDescriptor(t *testing.T) {
 	var n atomic.Int64
 	defer l.Add(func() bool { n.Add(1); return false })()
 	runLoop(t, l)
-	time.Sleep(5 * time.Millisecond)
-	before := n.Load()
-	time.Sleep(50 * time.Millisecond)
-	if d := n.Load() - before; d < 5 || d > 500 {
-		t.Errorf("%d polls in 50 ms, want about 50", d)
+	eventually(t, "polled", func() bool { return n.Load() > 0 })
+	before, start := n.Load(), time.Now()
+	// Polled again and again while it sleeps...
+	eventually(t, "five more polls", func() bool { return n.Load()-before >= 5 })
+	// ...but about once a millisecond, not spinning: a few each
+	// millisecond at most, however the machine is loaded.
+	time.Sleep(20 * time.Millisecond)
+	d, ms := n.Load()-before, time.Since(start).Milliseconds()
+	if d > 10*(ms+1) {
+		t.Errorf("%d polls in %d ms, want about one a millisecond", d, ms)
 	}
 }
 
@@ -467,7 +476,7 @@ func TestBlockingLoopSleepAllocs(t *testing.T) {
 	s := newPipeSource(t)
 	s.put(t) // never read: the descriptor stays readable
 	l.AddSleeper(func() bool { return false }, Sleeper{Fd: s.r, Arm: func() bool { return true }, Disarm: func(bool) {}})
-	var sp Spinner
+	var sp spin.Spinner
 	if n := testing.AllocsPerRun(100, func() { l.passOnce(&sp) }); n != 0 {
 		t.Errorf("a sleeping pass: %v allocations", n)
 	}
