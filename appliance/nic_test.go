@@ -8,6 +8,7 @@ import (
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/appliance/transport"
 	"github.com/taproce/taproce/tap"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // TestNICTickLoop: an idle NIC's tick loop sleeps — no Tick in 50 ms with
@@ -42,26 +43,26 @@ func TestNICTickLoop(t *testing.T) {
 	e := n.Engine()
 	pd := e.Memory().NewPD()
 	cq := transport.NewCQ(16, nil)
-	qp, err := e.CreateQP(transport.QPConfig{Type: transport.RC, PD: pd, SendCQ: cq, RecvCQ: cq, MaxSendWR: 4, MaxRecvWR: 4, MaxInline: 64})
+	qp, err := e.CreateQP(transport.QPConfig{Type: abi.RC, PD: pd, SendCQ: cq, RecvCQ: cq, MaxSendWR: 4, MaxRecvWR: 4, MaxInline: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, st := range []struct {
 		attr transport.QPAttr
-		mask transport.AttrMask
+		mask abi.AttrMask
 	}{
-		{transport.QPAttr{State: transport.StateInit, Port: 1}, transport.AttrState | transport.AttrPKeyIndex | transport.AttrPort | transport.AttrAccessFlags},
-		{transport.QPAttr{State: transport.StateRTR, PathMTU: roce.MTU1024, DestQPN: 0x42, RQPSN: 1, MaxDestRdAtomic: 1, MinRNRTimer: 1,
+		{transport.QPAttr{State: abi.QPSInit, Port: 1}, abi.QPStateMask | abi.QPPKeyIndex | abi.QPPort | abi.QPAccessFlags},
+		{transport.QPAttr{State: abi.QPSRTR, PathMTU: abi.MTU1024, DestQPN: 0x42, RQPSN: 1, MaxDestRdAtomic: 1, MinRNRTimer: 1,
 			AV: transport.AddressVector{DstIP: netip.MustParseAddr("10.88.0.2"), DstMAC: roce.MAC{2, 0, 0, 0, 0x88, 2}, SGIDIndex: 1}},
-			transport.AttrState | transport.AttrAV | transport.AttrPathMTU | transport.AttrDestQPN | transport.AttrRQPSN | transport.AttrMaxDestRdAtomic | transport.AttrMinRNRTimer},
-		{transport.QPAttr{State: transport.StateRTS, SQPSN: 1, Timeout: 8, RetryCnt: 2, RNRRetry: 2, MaxRdAtomic: 1},
-			transport.AttrState | transport.AttrSQPSN | transport.AttrTimeout | transport.AttrRetryCnt | transport.AttrRNRRetry | transport.AttrMaxQPRdAtomic},
+			abi.QPStateMask | abi.QPAV | abi.QPPathMTU | abi.QPDestQPN | abi.QPRQPSN | abi.QPMaxDestRdAtomic | abi.QPMinRNRTimer},
+		{transport.QPAttr{State: abi.QPSRTS, SQPSN: 1, Timeout: 8, RetryCnt: 2, RNRRetry: 2, MaxRdAtomic: 1},
+			abi.QPStateMask | abi.QPSQPSN | abi.QPTimeout | abi.QPRetryCnt | abi.QPRNRRetry | abi.QPMaxQPRdAtomic},
 	} {
 		if err := qp.Modify(&st.attr, st.mask); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := qp.PostSend([]transport.SendWR{{ID: 7, Opcode: transport.OpSend, Flags: transport.SendSignaled | transport.SendInline, Inline: []byte("hi")}}); err != nil {
+	if _, err := qp.PostSend([]transport.SendWR{{ID: 7, Opcode: abi.WRSend, Flags: abi.SendSignaled | abi.SendInline, Inline: []byte("hi")}}); err != nil {
 		t.Fatal(err)
 	}
 	wcs := make([]transport.WC, 1)
@@ -72,7 +73,7 @@ func TestNICTickLoop(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	if wcs[0].ID != 7 || wcs[0].Status != transport.WCRetryExcErr {
+	if wcs[0].ID != 7 || wcs[0].Status != abi.WCRetryExcErr {
 		t.Errorf("completion %+v, want ID 7 with a retry error", wcs[0])
 	}
 	if st := e.Stats(); st.Timeouts != 3 || st.Retransmits < 2 {

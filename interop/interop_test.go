@@ -15,7 +15,7 @@ import (
 
 	"github.com/taproce/taproce/appliance/capture"
 	"github.com/taproce/taproce/appliance/roce"
-	"github.com/taproce/taproce/appliance/transport"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // TestStationReachable: the VM pings the port's address and then has the
@@ -58,7 +58,7 @@ func TestStationReachable(t *testing.T) {
 
 // ppCase is one pingpong run.
 type ppCase struct {
-	typ   transport.QPType
+	typ   abi.QPType
 	mtu   int // path MTU (-m) of RC and UC
 	size  int
 	iters int
@@ -72,7 +72,7 @@ func (c ppCase) tool() string {
 // args returns the tool's options.
 func (c ppCase) args() string {
 	s := fmt.Sprintf("-g 1 -n %d -s %d", c.iters, c.size)
-	if c.typ != transport.UD {
+	if c.typ != abi.UD {
 		s += fmt.Sprintf(" -m %d", c.mtu)
 	}
 	if c.rx != 0 {
@@ -91,8 +91,8 @@ func (c ppCase) name() string {
 
 func (c ppCase) config() PingpongConfig {
 	cfg := PingpongConfig{Type: c.typ, Size: c.size, Iters: c.iters, RxDepth: c.rx, GIDIndex: 1}
-	if c.typ != transport.UD {
-		m, ok := roce.MTUFromBytes(c.mtu)
+	if c.typ != abi.UD {
+		m, ok := abi.MTUFromBytes(c.mtu)
 		if !ok {
 			panic(fmt.Sprintf("path MTU %d", c.mtu))
 		}
@@ -239,22 +239,22 @@ func TestRCPingpong(t *testing.T) {
 			{size: 65536, iters: 5},
 			{size: 64, iters: 200, rx: 4},
 		} {
-			c.typ, c.mtu = transport.RC, 1024
+			c.typ, c.mtu = abi.RC, 1024
 			both(t, p, ep, c)
 		}
 	})
 	t.Run("m256", func(t *testing.T) {
-		both(t, p, ep, ppCase{typ: transport.RC, mtu: 256, size: 4096, iters: 10})
+		both(t, p, ep, ppCase{typ: abi.RC, mtu: 256, size: 4096, iters: 10})
 	})
 	t.Run("m4096", func(t *testing.T) {
 		jumbo := needJumbo(t)
 		withPeerMTU(t, p, jumboMTU)
 		for _, c := range []ppCase{{size: 64, iters: 50}, {size: 4096, iters: 20}, {size: 65536, iters: 5}} {
-			c.typ, c.mtu = transport.RC, 4096
+			c.typ, c.mtu = abi.RC, 4096
 			both(t, p, jumbo, c)
 		}
 		t.Run("m2048", func(t *testing.T) {
-			both(t, p, jumbo, ppCase{typ: transport.RC, mtu: 2048, size: 4096, iters: 10})
+			both(t, p, jumbo, ppCase{typ: abi.RC, mtu: 2048, size: 4096, iters: 10})
 		})
 	})
 }
@@ -264,7 +264,7 @@ func TestRCPingpong(t *testing.T) {
 func TestUCPingpong(t *testing.T) {
 	p, ep := needPeer(t)
 	for _, c := range []ppCase{{size: 1, iters: 20}, {size: 64, iters: 50}, {size: 4093, iters: 10}, {size: 65536, iters: 5}} {
-		c.typ, c.mtu = transport.UC, 1024
+		c.typ, c.mtu = abi.UC, 1024
 		both(t, p, ep, c)
 	}
 }
@@ -275,14 +275,14 @@ func TestUDPingpong(t *testing.T) {
 	p, ep := needPeer(t)
 	t.Run("mtu1500", func(t *testing.T) {
 		for _, c := range []ppCase{{size: 1, iters: 20}, {size: 64, iters: 50}, {size: 1024, iters: 20}, {size: 64, iters: 200, rx: 4}} {
-			c.typ = transport.UD
+			c.typ = abi.UD
 			both(t, p, ep, c)
 		}
 	})
 	t.Run("mtu9000", func(t *testing.T) {
 		jumbo := needJumbo(t)
 		withPeerMTU(t, p, jumboMTU)
-		both(t, p, jumbo, ppCase{typ: transport.UD, size: 4096, iters: 20})
+		both(t, p, jumbo, ppCase{typ: abi.UD, size: 4096, iters: 20})
 	})
 }
 
@@ -314,9 +314,9 @@ func TestCaptureICRC(t *testing.T) {
 	}
 	t.Cleanup(closeAll)
 
-	rc1 := vmClient(t, p, ep, ppCase{typ: transport.RC, mtu: 1024, size: 2500, iters: 5})
-	rc2 := vmServer(t, p, ep, ppCase{typ: transport.RC, mtu: 1024, size: 64, iters: 5})
-	ud := vmServer(t, p, ep, ppCase{typ: transport.UD, size: 64, iters: 5})
+	rc1 := vmClient(t, p, ep, ppCase{typ: abi.RC, mtu: 1024, size: 2500, iters: 5})
+	rc2 := vmServer(t, p, ep, ppCase{typ: abi.RC, mtu: 1024, size: 64, iters: 5})
+	ud := vmServer(t, p, ep, ppCase{typ: abi.UD, size: 64, iters: 5})
 	closeAll()
 	if t.Failed() {
 		t.FailNow()

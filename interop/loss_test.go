@@ -14,9 +14,9 @@ import (
 
 	"github.com/taproce/taproce/appliance/capture"
 	"github.com/taproce/taproce/appliance/roce"
-	"github.com/taproce/taproce/appliance/transport"
 	"github.com/taproce/taproce/internal/impair"
 	"github.com/taproce/taproce/internal/perf"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // This file runs the perftest matrix at path MTU 1024 and ibv_rc_pingpong
@@ -62,8 +62,8 @@ func lossCases() []perfCase {
 // lossPingpongs are the ibv_rc_pingpong runs under loss: messages of
 // four packets (a lost last one costs an ACK timeout) and of 64.
 var lossPingpongs = []ppCase{
-	{typ: transport.RC, mtu: 1024, size: 4096, iters: 100},
-	{typ: transport.RC, mtu: 1024, size: 65536, iters: 10},
+	{typ: abi.RC, mtu: 1024, size: 4096, iters: 100},
+	{typ: abi.RC, mtu: 1024, size: 65536, iters: 10},
 }
 
 // The VM's loss comes in two forms. In the first, netem as eth0's root

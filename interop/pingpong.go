@@ -10,6 +10,7 @@ import (
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/appliance/transport"
 	"github.com/taproce/taproce/internal/pingpong"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // This file runs rdma-core's ibv_rc_pingpong, ibv_uc_pingpong and
@@ -40,7 +41,7 @@ type Dest = pingpong.Dest
 type PingpongConfig struct {
 	// Type is transport.RC (ibv_rc_pingpong), transport.UC
 	// (ibv_uc_pingpong) or transport.UD (ibv_ud_pingpong).
-	Type transport.QPType
+	Type abi.QPType
 	// Size is the message size, -s (default 4096 for RC, 1024 for UD).
 	Size int
 	// Iters is the number of exchanges, -n (default 1000).
@@ -48,7 +49,7 @@ type PingpongConfig struct {
 	// RxDepth is the number of receives posted at a time, -r (default 500).
 	RxDepth int
 	// MTU is the path MTU of RC and UC, -m (default 1024).
-	MTU roce.MTU
+	MTU abi.MTU
 	// GIDIndex is the source GID index, -g (default 1, the IPv4 GID).
 	GIDIndex int
 	// Fill is the initial content of the message, repeated (default
@@ -63,12 +64,12 @@ type PingpongConfig struct {
 }
 
 func (c *PingpongConfig) defaults() error {
-	if c.Type != transport.RC && c.Type != transport.UC && c.Type != transport.UD {
+	if c.Type != abi.RC && c.Type != abi.UC && c.Type != abi.UD {
 		return fmt.Errorf("interop: pingpong over %v", c.Type)
 	}
 	if c.Size == 0 {
 		c.Size = 4096
-		if c.Type == transport.UD {
+		if c.Type == abi.UD {
 			c.Size = 1024
 		}
 	}
@@ -79,7 +80,7 @@ func (c *PingpongConfig) defaults() error {
 		c.RxDepth = 500
 	}
 	if c.MTU == 0 {
-		c.MTU = roce.MTU1024
+		c.MTU = abi.MTU1024
 	}
 	if c.GIDIndex == 0 {
 		c.GIDIndex = 1
@@ -135,7 +136,7 @@ func (ep *Endpoint) newPingpong(cfg PingpongConfig) (*ppSide, error) {
 	}
 	pp := &ppSide{ep: ep, cfg: cfg, wake: make(chan struct{}, 1)}
 	n := cfg.Size
-	if cfg.Type == transport.UD {
+	if cfg.Type == abi.UD {
 		n += GRHLen
 	}
 	pp.buf = make([]byte, n)
@@ -148,7 +149,7 @@ func (ep *Endpoint) newPingpong(cfg PingpongConfig) (*ppSide, error) {
 	mem := ep.Engine.Memory()
 	pd := mem.NewPD()
 	var err error
-	if pp.mr, err = mem.Register(pd, bufferVA, pp.buf, transport.AccessLocalWrite); err != nil {
+	if pp.mr, err = mem.Register(pd, bufferVA, pp.buf, abi.AccessLocalWrite); err != nil {
 		return nil, fmt.Errorf("interop: %w", err)
 	}
 	pp.cq = transport.NewCQ(cfg.RxDepth+1, func() {
@@ -162,12 +163,12 @@ func (ep *Endpoint) newPingpong(cfg PingpongConfig) (*ppSide, error) {
 		mem.Deregister(pp.mr)
 		return nil, fmt.Errorf("interop: %w", err)
 	}
-	attr := transport.QPAttr{State: transport.StateInit, Port: 1}
-	mask := transport.AttrState | transport.AttrPKeyIndex | transport.AttrPort
-	if cfg.Type == transport.UD {
-		attr.QKey, mask = PingpongQKey, mask|transport.AttrQKey
+	attr := transport.QPAttr{State: abi.QPSInit, Port: 1}
+	mask := abi.QPStateMask | abi.QPPKeyIndex | abi.QPPort
+	if cfg.Type == abi.UD {
+		attr.QKey, mask = PingpongQKey, mask|abi.QPQKey
 	} else {
-		mask |= transport.AttrAccessFlags
+		mask |= abi.QPAccessFlags
 	}
 	if err := pp.qp.Modify(&attr, mask); err != nil {
 		pp.close()
@@ -189,7 +190,7 @@ func (ep *Endpoint) newPingpong(cfg PingpongConfig) (*ppSide, error) {
 // message returns the part of the buffer a message occupies: behind the
 // GRH area on UD.
 func (pp *ppSide) message() []byte {
-	if pp.cfg.Type == transport.UD {
+	if pp.cfg.Type == abi.UD {
 		return pp.buf[GRHLen : GRHLen+pp.cfg.Size]
 	}
 	return pp.buf[:pp.cfg.Size]
@@ -213,9 +214,9 @@ func (pp *ppSide) PostRecv(n int) int {
 
 // PostSend posts the SEND of the message.
 func (pp *ppSide) PostSend() error {
-	wr := transport.SendWR{ID: pingpong.SendWRID, Opcode: transport.OpSend, Flags: transport.SendSignaled,
+	wr := transport.SendWR{ID: pingpong.SendWRID, Opcode: abi.WRSend, Flags: abi.SendSignaled,
 		SGL: []transport.SGE{{Addr: bufferVA, Length: uint32(pp.cfg.Size), LKey: pp.mr.LKey}}}
-	if pp.cfg.Type == transport.UD {
+	if pp.cfg.Type == abi.UD {
 		wr.SGL[0].Addr += GRHLen
 		wr.AH, wr.RemoteQPN, wr.RemoteQKey = pp.ah, pp.remote.QPN, PingpongQKey
 	}
@@ -236,25 +237,25 @@ func (pp *ppSide) connect(ctx context.Context, remote Dest) error {
 	if err != nil {
 		return err
 	}
-	if pp.cfg.Type == transport.UD {
-		if err := pp.qp.Modify(&transport.QPAttr{State: transport.StateRTR}, transport.AttrState); err != nil {
+	if pp.cfg.Type == abi.UD {
+		if err := pp.qp.Modify(&transport.QPAttr{State: abi.QPSRTR}, abi.QPStateMask); err != nil {
 			return fmt.Errorf("interop: QP to RTR: %w", err)
 		}
-		if err := pp.qp.Modify(&transport.QPAttr{State: transport.StateRTS, SQPSN: roce.PSN(pp.local.PSN)}, transport.AttrState|transport.AttrSQPSN); err != nil {
+		if err := pp.qp.Modify(&transport.QPAttr{State: abi.QPSRTS, SQPSN: roce.PSN(pp.local.PSN)}, abi.QPStateMask|abi.QPSQPSN); err != nil {
 			return fmt.Errorf("interop: QP to RTS: %w", err)
 		}
 		pp.ah = &transport.AH{DstIP: remote.GID, DstMAC: mac, SGIDIndex: uint8(pp.cfg.GIDIndex)}
 		return nil
 	}
-	rtr := transport.QPAttr{State: transport.StateRTR, PathMTU: pp.cfg.MTU, DestQPN: remote.QPN, RQPSN: roce.PSN(remote.PSN),
+	rtr := transport.QPAttr{State: abi.QPSRTR, PathMTU: pp.cfg.MTU, DestQPN: remote.QPN, RQPSN: roce.PSN(remote.PSN),
 		MaxDestRdAtomic: 1, MinRNRTimer: 12,
 		AV: transport.AddressVector{DstIP: dst, DstMAC: mac, SGIDIndex: uint8(pp.cfg.GIDIndex), HopLimit: RoCEv2HopLimit}}
-	rtrMask := transport.AttrState | transport.AttrAV | transport.AttrPathMTU | transport.AttrDestQPN | transport.AttrRQPSN
-	rts := transport.QPAttr{State: transport.StateRTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7, SQPSN: roce.PSN(pp.local.PSN), MaxRdAtomic: 1}
-	rtsMask := transport.AttrState | transport.AttrSQPSN
-	if pp.cfg.Type == transport.RC {
-		rtrMask |= transport.AttrMaxDestRdAtomic | transport.AttrMinRNRTimer
-		rtsMask |= transport.AttrTimeout | transport.AttrRetryCnt | transport.AttrRNRRetry | transport.AttrMaxQPRdAtomic
+	rtrMask := abi.QPStateMask | abi.QPAV | abi.QPPathMTU | abi.QPDestQPN | abi.QPRQPSN
+	rts := transport.QPAttr{State: abi.QPSRTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7, SQPSN: roce.PSN(pp.local.PSN), MaxRdAtomic: 1}
+	rtsMask := abi.QPStateMask | abi.QPSQPSN
+	if pp.cfg.Type == abi.RC {
+		rtrMask |= abi.QPMaxDestRdAtomic | abi.QPMinRNRTimer
+		rtsMask |= abi.QPTimeout | abi.QPRetryCnt | abi.QPRNRRetry | abi.QPMaxQPRdAtomic
 	}
 	if err := pp.qp.Modify(&rtr, rtrMask); err != nil {
 		return fmt.Errorf("interop: QP to RTR: %w", err)
@@ -295,7 +296,7 @@ func (pp *ppSide) run(ctx context.Context, client bool) (*PingpongResult, error)
 		stall.Reset(pp.cfg.Stall)
 		for i := range wcs[:n] {
 			wc := &wcs[i]
-			if wc.Status != transport.WCSuccess {
+			if wc.Status != abi.WCSuccess {
 				return res, fmt.Errorf("interop: %w after %d sends and %d receives", pingpong.StatusError(wc.Status.String(), int(wc.Status), wc.ID),
 					l.Sent, l.Received)
 			}
@@ -311,9 +312,9 @@ func (pp *ppSide) run(ctx context.Context, client bool) (*PingpongResult, error)
 // received checks a receive completion and hands the message to Check.
 func (pp *ppSide) received(wc *transport.WC, n int) error {
 	want := uint32(pp.cfg.Size)
-	if pp.cfg.Type == transport.UD {
+	if pp.cfg.Type == abi.UD {
 		want += GRHLen
-		if wc.Flags&transport.WCGRH == 0 {
+		if wc.Flags&abi.WCGRH == 0 {
 			return fmt.Errorf("interop: UD receive %d without the GRH flag", n)
 		}
 		if wc.SrcQP != pp.remote.QPN {

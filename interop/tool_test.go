@@ -17,6 +17,7 @@ import (
 	"github.com/taproce/taproce/appliance"
 	"github.com/taproce/taproce/appliance/transport"
 	"github.com/taproce/taproce/internal/netnsutil"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // toolAddr is the address of the appliance's port in TestToolPingpong.
@@ -118,12 +119,12 @@ func TestToolPingpong(t *testing.T) {
 	side := toolSide{bin: bin, sock: sock, local: toolAddr.Addr(),
 		check: func(iters int) counterCheck { return startCheck(ep, iters) }}
 	for _, c := range []ppCase{
-		{typ: transport.RC, mtu: 1024, size: 64, iters: 50},
-		{typ: transport.RC, mtu: 1024, size: 4096, iters: 20},
-		{typ: transport.RC, mtu: 1024, size: 65536, iters: 5},
-		{typ: transport.UC, mtu: 1024, size: 4096, iters: 20},
-		{typ: transport.UD, size: 1, iters: 20},
-		{typ: transport.UD, size: 1024, iters: 50},
+		{typ: abi.RC, mtu: 1024, size: 64, iters: 50},
+		{typ: abi.RC, mtu: 1024, size: 4096, iters: 20},
+		{typ: abi.RC, mtu: 1024, size: 65536, iters: 5},
+		{typ: abi.UC, mtu: 1024, size: 4096, iters: 20},
+		{typ: abi.UD, size: 1, iters: 20},
+		{typ: abi.UD, size: 1024, iters: 50},
 	} {
 		name := strings.ToLower(c.typ.String()) + "/" + c.name()
 		t.Run(name+"/vm-server", func(t *testing.T) { toolVMServer(t, p, side, c) })

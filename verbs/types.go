@@ -1,107 +1,165 @@
 package verbs
 
 import (
-	"fmt"
 	"net/netip"
+
+	"github.com/taproce/taproce/verbs/abi"
 )
 
+// The ibverbs vocabulary is verbs/abi's, defined once for the library
+// and the appliance; it is named here for applications.
+
 // Access flags of a memory region or QP (enum ibv_access_flags).
-type Access uint32
+type Access = abi.Access
 
 // Access flags.
 const (
-	AccessLocalWrite   Access = 1
-	AccessRemoteWrite  Access = 2
-	AccessRemoteRead   Access = 4
-	AccessRemoteAtomic Access = 8
+	AccessLocalWrite   = abi.AccessLocalWrite
+	AccessRemoteWrite  = abi.AccessRemoteWrite
+	AccessRemoteRead   = abi.AccessRemoteRead
+	AccessRemoteAtomic = abi.AccessRemoteAtomic
 )
 
 // QPType is the transport service of a QP (enum ibv_qp_type).
-type QPType uint8
+type QPType = abi.QPType
 
 // QP types.
 const (
-	RC QPType = 2
-	UC QPType = 3
-	UD QPType = 4
+	RC = abi.RC
+	UC = abi.UC
+	UD = abi.UD
 )
 
 // QPState is a QP state (enum ibv_qp_state).
-type QPState uint8
+type QPState = abi.QPState
 
 // QP states.
 const (
-	QPSReset QPState = iota
-	QPSInit
-	QPSRTR
-	QPSRTS
-	QPSSQD
-	QPSSQE
-	QPSErr
+	QPSReset = abi.QPSReset
+	QPSInit  = abi.QPSInit
+	QPSRTR   = abi.QPSRTR
+	QPSRTS   = abi.QPSRTS
+	QPSSQD   = abi.QPSSQD
+	QPSSQE   = abi.QPSSQE
+	QPSErr   = abi.QPSErr
 )
 
-func (s QPState) String() string {
-	n := [...]string{"RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"}
-	if int(s) < len(n) {
-		return n[s]
-	}
-	return fmt.Sprintf("QPState(%d)", s)
-}
-
 // MTU is a path MTU (enum ibv_mtu).
-type MTU uint8
+type MTU = abi.MTU
 
 // Path MTUs.
 const (
-	MTU256  MTU = 1
-	MTU512  MTU = 2
-	MTU1024 MTU = 3
-	MTU2048 MTU = 4
-	MTU4096 MTU = 5
+	MTU256  = abi.MTU256
+	MTU512  = abi.MTU512
+	MTU1024 = abi.MTU1024
+	MTU2048 = abi.MTU2048
+	MTU4096 = abi.MTU4096
 )
 
-// Bytes returns the MTU in bytes (0 when invalid).
-func (m MTU) Bytes() int {
-	if m < MTU256 || m > MTU4096 {
-		return 0
-	}
-	return 128 << m
-}
-
 // MTUFromBytes returns the MTU of 256…4096 bytes.
-func MTUFromBytes(n int) (MTU, bool) {
-	for m := MTU256; m <= MTU4096; m++ {
-		if m.Bytes() == n {
-			return m, true
-		}
-	}
-	return 0, false
-}
+func MTUFromBytes(n int) (MTU, bool) { return abi.MTUFromBytes(n) }
 
 // Opcode is a send work request's operation (enum ibv_wr_opcode).
-type Opcode uint8
+type Opcode = abi.WROpcode
 
 // Send opcodes.
 const (
-	WRRDMAWrite        Opcode = 0
-	WRRDMAWriteWithImm Opcode = 1
-	WRSend             Opcode = 2
-	WRSendWithImm      Opcode = 3
-	WRRDMARead         Opcode = 4
-	WRAtomicCmpAndSwp  Opcode = 5
-	WRAtomicFetchAdd   Opcode = 6
-	WRSendWithInv      Opcode = 9
+	WRRDMAWrite        = abi.WRRDMAWrite
+	WRRDMAWriteWithImm = abi.WRRDMAWriteWithImm
+	WRSend             = abi.WRSend
+	WRSendWithImm      = abi.WRSendWithImm
+	WRRDMARead         = abi.WRRDMARead
+	WRAtomicCmpAndSwp  = abi.WRAtomicCmpAndSwp
+	WRAtomicFetchAdd   = abi.WRAtomicFetchAdd
+	WRSendWithInv      = abi.WRSendWithInv
 )
 
 // SendFlags of a send work request (enum ibv_send_flags).
-type SendFlags uint32
+type SendFlags = abi.SendFlags
 
 // Send flags.
 const (
-	SendFence     SendFlags = 1
-	SendSignaled  SendFlags = 2
-	SendSolicited SendFlags = 4
-	SendInline    SendFlags = 8
+	SendFence     = abi.SendFence
+	SendSignaled  = abi.SendSignaled
+	SendSolicited = abi.SendSolicited
+	SendInline    = abi.SendInline
+)
+
+// WCStatus is a completion status (enum ibv_wc_status); its String is
+// ibv_wc_status_str.
+type WCStatus = abi.WCStatus
+
+// Completion statuses.
+const (
+	WCSuccess        = abi.WCSuccess
+	WCLocLenErr      = abi.WCLocLenErr
+	WCLocQPOpErr     = abi.WCLocQPOpErr
+	WCLocProtErr     = abi.WCLocProtErr
+	WCWRFlushErr     = abi.WCWRFlushErr
+	WCBadRespErr     = abi.WCBadRespErr
+	WCLocAccessErr   = abi.WCLocAccessErr
+	WCRemInvReqErr   = abi.WCRemInvReqErr
+	WCRemAccessErr   = abi.WCRemAccessErr
+	WCRemOpErr       = abi.WCRemOpErr
+	WCRetryExcErr    = abi.WCRetryExcErr
+	WCRNRRetryExcErr = abi.WCRNRRetryExcErr
+	WCFatalErr       = abi.WCFatalErr
+	WCGeneralErr     = abi.WCGeneralErr
+)
+
+// WCOpcode is a completion's operation (enum ibv_wc_opcode).
+type WCOpcode = abi.WCOpcode
+
+// Completion opcodes.
+const (
+	WCSend        = abi.WCSend
+	WCRDMAWrite   = abi.WCRDMAWrite
+	WCRDMARead    = abi.WCRDMARead
+	WCCompSwap    = abi.WCCompSwap
+	WCFetchAdd    = abi.WCFetchAdd
+	WCRecv        = abi.WCRecv
+	WCRecvRDMAImm = abi.WCRecvRDMAImm
+)
+
+// Completion flags (enum ibv_wc_flags).
+const (
+	WCGRH     = abi.WCGRH
+	WCWithImm = abi.WCWithImm
+	WCWithInv = abi.WCWithInv
+)
+
+// AttrMask selects QP attributes (enum ibv_qp_attr_mask).
+type AttrMask = abi.AttrMask
+
+// QP attribute mask bits.
+const (
+	QPStateMask       = abi.QPStateMask
+	QPCurState        = abi.QPCurState
+	QPAccessFlags     = abi.QPAccessFlags
+	QPPKeyIndex       = abi.QPPKeyIndex
+	QPPort            = abi.QPPort
+	QPQKey            = abi.QPQKey
+	QPAV              = abi.QPAV
+	QPPathMTU         = abi.QPPathMTU
+	QPTimeout         = abi.QPTimeout
+	QPRetryCnt        = abi.QPRetryCnt
+	QPRNRRetry        = abi.QPRNRRetry
+	QPRQPSN           = abi.QPRQPSN
+	QPMaxQPRdAtomic   = abi.QPMaxQPRdAtomic
+	QPMinRNRTimer     = abi.QPMinRNRTimer
+	QPSQPSN           = abi.QPSQPSN
+	QPMaxDestRdAtomic = abi.QPMaxDestRdAtomic
+	QPDestQPN         = abi.QPDestQPN
+)
+
+// Async event types (enum ibv_event_type).
+const (
+	EventCQErr           = abi.EventCQErr
+	EventQPFatal         = abi.EventQPFatal
+	EventDeviceFatal     = abi.EventDeviceFatal
+	EventPortActive      = abi.EventPortActive
+	EventPortErr         = abi.EventPortErr
+	EventSRQLimitReached = abi.EventSRQLimitReached
 )
 
 // SGE is a scatter/gather element (struct ibv_sge): Addr is an address in
@@ -140,64 +198,6 @@ type RecvWR struct {
 	SGL []SGE
 }
 
-// WCStatus is a completion status (enum ibv_wc_status).
-type WCStatus uint8
-
-// Completion statuses.
-const (
-	WCSuccess        WCStatus = 0
-	WCLocLenErr      WCStatus = 1
-	WCLocQPOpErr     WCStatus = 2
-	WCLocProtErr     WCStatus = 4
-	WCWRFlushErr     WCStatus = 5
-	WCBadRespErr     WCStatus = 7
-	WCLocAccessErr   WCStatus = 8
-	WCRemInvReqErr   WCStatus = 9
-	WCRemAccessErr   WCStatus = 10
-	WCRemOpErr       WCStatus = 11
-	WCRetryExcErr    WCStatus = 12
-	WCRNRRetryExcErr WCStatus = 13
-	WCGeneralErr     WCStatus = 21
-)
-
-var statusNames = [...]string{
-	"success", "local length error", "local QP operation error", "local EE context operation error",
-	"local protection error", "Work Request Flushed Error", "memory management operation error",
-	"bad response error", "local access error", "remote invalid request error", "remote access error",
-	"remote operation error", "transport retry counter exceeded", "RNR retry counter exceeded",
-	"local RDD violation error", "remote invalid RD request", "operation aborted", "invalid EE context number",
-	"invalid EE context state", "fatal error", "response timeout error", "general error",
-}
-
-// String is ibv_wc_status_str.
-func (s WCStatus) String() string {
-	if int(s) < len(statusNames) {
-		return statusNames[s]
-	}
-	return fmt.Sprintf("WCStatus(%d)", s)
-}
-
-// WCOpcode is a completion's operation (enum ibv_wc_opcode).
-type WCOpcode uint8
-
-// Completion opcodes.
-const (
-	WCSend        WCOpcode = 0
-	WCRDMAWrite   WCOpcode = 1
-	WCRDMARead    WCOpcode = 2
-	WCCompSwap    WCOpcode = 3
-	WCFetchAdd    WCOpcode = 4
-	WCRecv        WCOpcode = 128
-	WCRecvRDMAImm WCOpcode = 129
-)
-
-// Completion flags (enum ibv_wc_flags).
-const (
-	WCGRH     uint32 = 1
-	WCWithImm uint32 = 2
-	WCWithInv uint32 = 8
-)
-
 // WC is a work completion (struct ibv_wc).
 type WC struct {
 	ID        uint64
@@ -213,30 +213,6 @@ type WC struct {
 	SLID      uint16
 	SL        uint8
 }
-
-// AttrMask selects QP attributes (enum ibv_qp_attr_mask).
-type AttrMask uint32
-
-// QP attribute mask bits.
-const (
-	QPStateMask       AttrMask = 1 << 0 // IBV_QP_STATE
-	QPCurState        AttrMask = 1 << 1
-	QPAccessFlags     AttrMask = 1 << 3
-	QPPKeyIndex       AttrMask = 1 << 4
-	QPPort            AttrMask = 1 << 5
-	QPQKey            AttrMask = 1 << 6
-	QPAV              AttrMask = 1 << 7
-	QPPathMTU         AttrMask = 1 << 8
-	QPTimeout         AttrMask = 1 << 9
-	QPRetryCnt        AttrMask = 1 << 10
-	QPRNRRetry        AttrMask = 1 << 11
-	QPRQPSN           AttrMask = 1 << 12
-	QPMaxQPRdAtomic   AttrMask = 1 << 13
-	QPMinRNRTimer     AttrMask = 1 << 15
-	QPSQPSN           AttrMask = 1 << 16
-	QPMaxDestRdAtomic AttrMask = 1 << 17
-	QPDestQPN         AttrMask = 1 << 20
-)
 
 // AHAttr is an address vector (struct ibv_ah_attr with its GRH; RoCE
 // always has one). DGID is the destination GID as an address (IPv4 GIDs
@@ -286,16 +262,6 @@ type QPInitAttr struct {
 	Cap            QPCap
 	SigAll         bool
 }
-
-// Async event types (enum ibv_event_type).
-const (
-	EventCQErr           = 0
-	EventQPFatal         = 1
-	EventDeviceFatal     = 8
-	EventPortActive      = 9
-	EventPortErr         = 10
-	EventSRQLimitReached = 15
-)
 
 // AsyncEvent is an asynchronous event (struct ibv_async_event): Type and
 // the object it concerns (nil for port and device events).

@@ -8,6 +8,7 @@ import (
 
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/appliance/transport"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // queueOut is a transport output that keeps the frames an engine sends.
@@ -55,12 +56,12 @@ func TestPollOnceBusyFlushesAcks(t *testing.T) {
 	ea, eb := mk(1, &outA), mk(2, &outB)
 	qp := func(e *transport.Engine) (*transport.QP, *transport.CQ, *transport.MR) {
 		pd := e.Memory().NewPD()
-		mr, err := e.Memory().Register(pd, 0x10000, make([]byte, 4096), transport.AccessLocalWrite)
+		mr, err := e.Memory().Register(pd, 0x10000, make([]byte, 4096), abi.AccessLocalWrite)
 		if err != nil {
 			t.Fatal(err)
 		}
 		cq := transport.NewCQ(16, nil)
-		q, err := e.CreateQP(transport.QPConfig{Type: transport.RC, PD: pd, SendCQ: cq, RecvCQ: cq, MaxSendWR: 4, MaxRecvWR: 4, MaxInline: 64})
+		q, err := e.CreateQP(transport.QPConfig{Type: abi.RC, PD: pd, SendCQ: cq, RecvCQ: cq, MaxSendWR: 4, MaxRecvWR: 4, MaxInline: 64})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -72,14 +73,14 @@ func TestPollOnceBusyFlushesAcks(t *testing.T) {
 		mac := roce.MAC{2, 0, 0, 0, 0, peer}
 		for _, st := range []struct {
 			attr transport.QPAttr
-			mask transport.AttrMask
+			mask abi.AttrMask
 		}{
-			{transport.QPAttr{State: transport.StateInit, Port: 1}, transport.AttrState | transport.AttrPKeyIndex | transport.AttrPort | transport.AttrAccessFlags},
-			{transport.QPAttr{State: transport.StateRTR, PathMTU: roce.MTU1024, DestQPN: dqpn, RQPSN: 1, MaxDestRdAtomic: 1, MinRNRTimer: 1,
+			{transport.QPAttr{State: abi.QPSInit, Port: 1}, abi.QPStateMask | abi.QPPKeyIndex | abi.QPPort | abi.QPAccessFlags},
+			{transport.QPAttr{State: abi.QPSRTR, PathMTU: abi.MTU1024, DestQPN: dqpn, RQPSN: 1, MaxDestRdAtomic: 1, MinRNRTimer: 1,
 				AV: transport.AddressVector{DstIP: netip.AddrFrom4([4]byte{10, 66, 0, peer}), DstMAC: mac, SGIDIndex: 1}},
-				transport.AttrState | transport.AttrAV | transport.AttrPathMTU | transport.AttrDestQPN | transport.AttrRQPSN | transport.AttrMaxDestRdAtomic | transport.AttrMinRNRTimer},
-			{transport.QPAttr{State: transport.StateRTS, SQPSN: 1, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 1},
-				transport.AttrState | transport.AttrSQPSN | transport.AttrTimeout | transport.AttrRetryCnt | transport.AttrRNRRetry | transport.AttrMaxQPRdAtomic},
+				abi.QPStateMask | abi.QPAV | abi.QPPathMTU | abi.QPDestQPN | abi.QPRQPSN | abi.QPMaxDestRdAtomic | abi.QPMinRNRTimer},
+			{transport.QPAttr{State: abi.QPSRTS, SQPSN: 1, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 1},
+				abi.QPStateMask | abi.QPSQPSN | abi.QPTimeout | abi.QPRetryCnt | abi.QPRNRRetry | abi.QPMaxQPRdAtomic},
 		} {
 			if err := q.Modify(&st.attr, st.mask); err != nil {
 				t.Fatal(err)
@@ -93,14 +94,14 @@ func TestPollOnceBusyFlushesAcks(t *testing.T) {
 	if _, err := qb.PostRecv([]transport.RecvWR{{ID: 1, SGL: []transport.SGE{{Addr: 0x10000, Length: 64, LKey: mrb.LKey}}}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := qa.PostSend([]transport.SendWR{{ID: 2, Opcode: transport.OpSend, Flags: transport.SendSignaled | transport.SendInline, Inline: []byte("hi")}}); err != nil {
+	if _, err := qa.PostSend([]transport.SendWR{{ID: 2, Opcode: abi.WRSend, Flags: abi.SendSignaled | abi.SendInline, Inline: []byte("hi")}}); err != nil {
 		t.Fatal(err)
 	}
 	if deliverAll(t, &outA, eb) != 1 {
 		t.Fatal("A sent no SEND")
 	}
 	wcs := make([]transport.WC, 4)
-	if cqb.Poll(wcs) != 1 || wcs[0].Status != transport.WCSuccess {
+	if cqb.Poll(wcs) != 1 || wcs[0].Status != abi.WCSuccess {
 		t.Fatalf("B's receive: %+v", wcs[0])
 	}
 	if len(outB.frames) != 0 {
@@ -126,7 +127,7 @@ func TestPollOnceBusyFlushesAcks(t *testing.T) {
 	if deliverAll(t, &outB, ea) != 1 {
 		t.Fatal("the busy session's pass sent no ACK once it was due")
 	}
-	if cqa.Poll(wcs) != 1 || wcs[0].ID != 2 || wcs[0].Status != transport.WCSuccess {
+	if cqa.Poll(wcs) != 1 || wcs[0].ID != 2 || wcs[0].Status != abi.WCSuccess {
 		t.Fatalf("A's send completion: %+v", wcs[0])
 	}
 }

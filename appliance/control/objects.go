@@ -108,7 +108,7 @@ func nodeGUID(m roce.MAC) uint64 {
 }
 
 func portAttr(d *Device) abi.PortAttr {
-	mtu := roce.MTUForNetdev(d.MTU)
+	mtu := abi.MTUForNetdev(d.MTU)
 	state, phys := uint8(4), uint8(5) // IBV_PORT_ACTIVE, LinkUp
 	if d.Up != nil && !d.Up() {
 		state, phys = 1, 3 // IBV_PORT_DOWN, Disabled
@@ -221,7 +221,7 @@ func (ss *session) regMR(r *abi.RegMRRequest, fd int) (*abi.RegMRReply, error) {
 		return nil, errno(syscall.EINVAL, "%v", err)
 	}
 	buf := region.Bytes()[r.Offset : r.Offset+r.Length : r.Offset+r.Length]
-	mr, err := ss.dev.Engine.Memory().Register(pd.pd, r.Addr, buf, transport.Access(r.Access))
+	mr, err := ss.dev.Engine.Memory().Register(pd.pd, r.Addr, buf, abi.Access(r.Access))
 	if err != nil {
 		region.Close()
 		return nil, err
@@ -373,7 +373,7 @@ type qpObj struct {
 	region   *shmem.Region
 	sq, rq   *shmem.Ring
 	state    []byte
-	typ      transport.QPType
+	typ      abi.QPType
 	caps     abi.QPCaps
 	rejected atomic.Uint64 // send WQEs the appliance completed itself
 	rb       refillBuf
@@ -429,12 +429,12 @@ func (q *qpObj) close() {
 // stateChanged publishes the QP's state (an engine callback). A QP
 // entering ERROR wakes the poller, which then flushes the receives posted
 // since and has the client ring for later ones (prepareSleep).
-func (q *qpObj) stateChanged(st transport.QPState) {
+func (q *qpObj) stateChanged(st abi.QPState) {
 	q.smu.Lock()
 	defer q.smu.Unlock()
 	if !q.dead {
 		abi.Word32(q.state, abi.QPStateWord).Store(uint32(st))
-		if st == transport.StateErr && q.wake != nil {
+		if st == abi.QPSErr && q.wake != nil {
 			q.wake()
 		}
 	}
@@ -444,7 +444,7 @@ func (q *qpObj) stateChanged(st transport.QPState) {
 func (q *qpObj) inError() bool {
 	q.smu.Lock()
 	defer q.smu.Unlock()
-	return !q.dead && abi.Word32(q.state, abi.QPStateWord).Load() == uint32(transport.StateErr)
+	return !q.dead && abi.Word32(q.state, abi.QPStateWord).Load() == uint32(abi.QPSErr)
 }
 
 // retired publishes the retire counts (an engine callback).
@@ -475,7 +475,7 @@ func (ss *session) createQP(r *abi.CreateQPRequest) (*abi.CreateQPReply, int, er
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	c := r.Caps
-	typ := transport.QPType(r.Type)
+	typ := abi.QPType(r.Type)
 	pd, scq, rcq := ss.pds[r.PD], ss.cqs[r.SendCQ], ss.cqs[r.RecvCQ]
 	var srq *srqObj
 	if r.SRQ != 0 {
@@ -488,7 +488,7 @@ func (ss *session) createQP(r *abi.CreateQPRequest) (*abi.CreateQPReply, int, er
 		return nil, 0, errno(syscall.ENOMEM, "QP limit %d", ss.srv.cfg.Limits.QPs)
 	case pd == nil || scq == nil || rcq == nil:
 		return nil, 0, errno(syscall.EINVAL, "QP needs a PD and CQs")
-	case typ != transport.RC && typ != transport.UC && typ != transport.UD:
+	case typ != abi.RC && typ != abi.UC && typ != abi.UD:
 		return nil, 0, errno(syscall.EINVAL, "QP type %d", r.Type)
 	case c.MaxSendWR == 0 || c.MaxSendWR > maxQPWR || c.MaxRecvWR > maxQPWR || srq == nil && c.MaxRecvWR == 0:
 		return nil, 0, errno(syscall.EINVAL, "queue sizes %d/%d, at most %d", c.MaxSendWR, c.MaxRecvWR, maxQPWR)
@@ -559,14 +559,14 @@ func (ss *session) modifyQP(r *abi.ModifyQPRequest) error {
 		return errno(syscall.EINVAL, "no QP %d", r.Handle)
 	}
 	a := &r.Attr
-	mask := transport.AttrMask(r.Mask)
+	mask := abi.AttrMask(r.Mask)
 	attr := transport.QPAttr{
-		State: transport.QPState(a.State), CurState: transport.QPState(a.CurState), Access: transport.Access(a.Access),
-		PKeyIndex: a.PKeyIndex, Port: a.Port, QKey: a.QKey, PathMTU: roce.MTU(a.PathMTU), DestQPN: a.DestQPN,
+		State: abi.QPState(a.State), CurState: abi.QPState(a.CurState), Access: abi.Access(a.Access),
+		PKeyIndex: a.PKeyIndex, Port: a.Port, QKey: a.QKey, PathMTU: abi.MTU(a.PathMTU), DestQPN: a.DestQPN,
 		RQPSN: roce.PSN(a.RQPSN), SQPSN: roce.PSN(a.SQPSN), Timeout: a.Timeout, RetryCnt: a.RetryCnt, RNRRetry: a.RNRRetry,
 		MinRNRTimer: a.MinRNRTimer, MaxRdAtomic: a.MaxRdAtomic, MaxDestRdAtomic: a.MaxDestRdAtomic,
 	}
-	if mask&transport.AttrAV != 0 {
+	if mask&abi.QPAV != 0 {
 		av, err := ss.resolveAV(dev, a.DGID, a.SGIDIndex, a.FlowLabel, a.TClass)
 		if err != nil {
 			return err
@@ -579,7 +579,7 @@ func (ss *session) modifyQP(r *abi.ModifyQPRequest) error {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	merge(&q.attr, a, r.Mask)
-	if mask&transport.AttrAV != 0 {
+	if mask&abi.QPAV != 0 {
 		q.av = attr.AV
 	}
 	return nil
@@ -606,30 +606,30 @@ func (ss *session) resolveAV(dev *Device, dgid [16]byte, sgid uint8, flow uint32
 
 // merge records the modified attributes for query.
 func merge(dst, src *abi.QPAttr, mask uint32) {
-	m := transport.AttrMask(mask)
-	set := func(bit transport.AttrMask, f func()) {
+	m := abi.AttrMask(mask)
+	set := func(bit abi.AttrMask, f func()) {
 		if m&bit != 0 {
 			f()
 		}
 	}
-	set(transport.AttrState, func() { dst.State = src.State })
-	set(transport.AttrAccessFlags, func() { dst.Access = src.Access })
-	set(transport.AttrPKeyIndex, func() { dst.PKeyIndex = src.PKeyIndex })
-	set(transport.AttrPort, func() { dst.Port = src.Port })
-	set(transport.AttrQKey, func() { dst.QKey = src.QKey })
-	set(transport.AttrAV, func() {
+	set(abi.QPStateMask, func() { dst.State = src.State })
+	set(abi.QPAccessFlags, func() { dst.Access = src.Access })
+	set(abi.QPPKeyIndex, func() { dst.PKeyIndex = src.PKeyIndex })
+	set(abi.QPPort, func() { dst.Port = src.Port })
+	set(abi.QPQKey, func() { dst.QKey = src.QKey })
+	set(abi.QPAV, func() {
 		dst.DGID, dst.SGIDIndex, dst.FlowLabel, dst.TClass, dst.HopLimit = src.DGID, src.SGIDIndex, src.FlowLabel, src.TClass, hopLimit
 	})
-	set(transport.AttrPathMTU, func() { dst.PathMTU = src.PathMTU })
-	set(transport.AttrTimeout, func() { dst.Timeout = src.Timeout })
-	set(transport.AttrRetryCnt, func() { dst.RetryCnt = src.RetryCnt })
-	set(transport.AttrRNRRetry, func() { dst.RNRRetry = src.RNRRetry })
-	set(transport.AttrRQPSN, func() { dst.RQPSN = src.RQPSN })
-	set(transport.AttrMaxQPRdAtomic, func() { dst.MaxRdAtomic = src.MaxRdAtomic })
-	set(transport.AttrMinRNRTimer, func() { dst.MinRNRTimer = src.MinRNRTimer })
-	set(transport.AttrSQPSN, func() { dst.SQPSN = src.SQPSN })
-	set(transport.AttrMaxDestRdAtomic, func() { dst.MaxDestRdAtomic = src.MaxDestRdAtomic })
-	set(transport.AttrDestQPN, func() { dst.DestQPN = src.DestQPN })
+	set(abi.QPPathMTU, func() { dst.PathMTU = src.PathMTU })
+	set(abi.QPTimeout, func() { dst.Timeout = src.Timeout })
+	set(abi.QPRetryCnt, func() { dst.RetryCnt = src.RetryCnt })
+	set(abi.QPRNRRetry, func() { dst.RNRRetry = src.RNRRetry })
+	set(abi.QPRQPSN, func() { dst.RQPSN = src.RQPSN })
+	set(abi.QPMaxQPRdAtomic, func() { dst.MaxRdAtomic = src.MaxRdAtomic })
+	set(abi.QPMinRNRTimer, func() { dst.MinRNRTimer = src.MinRNRTimer })
+	set(abi.QPSQPSN, func() { dst.SQPSN = src.SQPSN })
+	set(abi.QPMaxDestRdAtomic, func() { dst.MaxDestRdAtomic = src.MaxDestRdAtomic })
+	set(abi.QPDestQPN, func() { dst.DestQPN = src.DestQPN })
 }
 
 func (ss *session) queryQP(h abi.Handle) (*abi.QueryQPReply, error) {

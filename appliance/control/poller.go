@@ -168,7 +168,7 @@ func (ss *session) drainSend(q *qpObj, b *batch) bool {
 		b.wqe.Get(q.sq.PeekAt(i))
 		w := &b.wqe
 		wr := &b.send[k]
-		*wr = transport.SendWR{ID: w.WRID, Opcode: transport.Opcode(w.Opcode), Flags: transport.SendFlags(w.Flags),
+		*wr = transport.SendWR{ID: w.WRID, Opcode: abi.WROpcode(w.Opcode), Flags: abi.SendFlags(w.Flags),
 			Imm: w.Imm, RemoteAddr: w.RemoteAddr, RKey: w.RKey, CompareAdd: w.CompareAdd, Swap: w.Swap,
 			RemoteQPN: w.RemoteQPN, RemoteQKey: w.RemoteQKey}
 		sg := b.ssges[k][:w.NumSGE]
@@ -177,10 +177,10 @@ func (ss *session) drainSend(q *qpObj, b *batch) bool {
 			sg[j] = transport.SGE{Addr: s.Addr, Length: s.Length, LKey: s.LKey}
 		}
 		wr.SGL = sg
-		if wr.Flags&transport.SendInline != 0 {
+		if wr.Flags&abi.SendInline != 0 {
 			wr.Inline = w.Inline
 		}
-		if q.typ == transport.UD {
+		if q.typ == abi.UD {
 			ah := ss.ahs[abi.Handle(w.AH)]
 			if ah == nil {
 				ss.postSend(q, b.send[:k])
@@ -213,7 +213,7 @@ func (ss *session) postSend(q *qpObj, wrs []transport.SendWR) {
 func (ss *session) reject(q *qpObj, wr *transport.SendWR) {
 	q.rejected.Add(1)
 	abi.Word64(q.state, abi.QPSendRetired).Add(1)
-	q.scq.push(&transport.WC{ID: wr.ID, Status: transport.WCLocQPOpErr, QPNum: q.qp.Num()})
+	q.scq.push(&transport.WC{ID: wr.ID, Status: abi.WCLocQPOpErr, QPNum: q.qp.Num()})
 }
 
 func (ss *session) drainRecv(q *qpObj, b *batch) bool {
@@ -233,7 +233,7 @@ func (ss *session) drainRecv(q *qpObj, b *batch) bool {
 		if err == nil {
 			break
 		}
-		q.rcq.push(&transport.WC{ID: wrs[k].ID, Status: transport.WCLocQPOpErr, Opcode: transport.WCRecv, QPNum: q.qp.Num()})
+		q.rcq.push(&transport.WC{ID: wrs[k].ID, Status: abi.WCLocQPOpErr, Opcode: abi.WCRecv, QPNum: q.qp.Num()})
 		wrs = wrs[k+1:]
 	}
 	q.rq.ReleaseN(n)
@@ -268,10 +268,10 @@ func recvWR(w *abi.RecvWQE, sges []transport.SGE) transport.RecvWR {
 // corrupt handles a client that wrote nonsense into a ring's indices: its
 // QP goes to the error state and the client hears IBV_EVENT_QP_FATAL.
 func (ss *session) corrupt(q *qpObj) {
-	if q.qp.State() == transport.StateErr {
+	if q.qp.State() == abi.QPSErr {
 		return
 	}
-	_ = q.qp.Modify(&transport.QPAttr{State: transport.StateErr}, transport.AttrState)
+	_ = q.qp.Modify(&transport.QPAttr{State: abi.QPSErr}, abi.QPStateMask)
 	for h, x := range ss.qps {
 		if x == q {
 			ss.event(abi.EventQPFatal, h)

@@ -346,7 +346,7 @@ func (ss *session) deviceGone() {
 	ss.mu.Lock()
 	ss.gone = true
 	for _, q := range ss.qps {
-		_ = q.qp.Modify(&transport.QPAttr{State: transport.StateErr}, transport.AttrState)
+		_ = q.qp.Modify(&transport.QPAttr{State: abi.QPSErr}, abi.QPStateMask)
 	}
 	ss.mu.Unlock()
 	ss.event(abi.EventDeviceFatal, 0)

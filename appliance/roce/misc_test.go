@@ -118,29 +118,6 @@ func TestSourcePorts(t *testing.T) {
 	}
 }
 
-func TestMTU(t *testing.T) {
-	for _, c := range []struct {
-		netdev int
-		want   roce.MTU
-	}{{1500, roce.MTU1024}, {9000, roce.MTU4096}, {4200, roce.MTU4096}, {4175, roce.MTU2048}, {1100, roce.MTU512}, {576, roce.MTU256}, {68, roce.MTU256}} {
-		if got := roce.MTUForNetdev(c.netdev); got != c.want {
-			t.Errorf("MTUForNetdev(%d) = %d, want %d", c.netdev, got, c.want)
-		}
-	}
-	for n, m := range map[int]roce.MTU{256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5} {
-		got, ok := roce.MTUFromBytes(n)
-		if !ok || got != m || m.Bytes() != n || !m.Valid() {
-			t.Errorf("MTU %d: enum %d (%v), Bytes %d", n, got, ok, m.Bytes())
-		}
-	}
-	if _, ok := roce.MTUFromBytes(1500); ok {
-		t.Error("MTUFromBytes(1500) accepted")
-	}
-	if roce.MTU(0).Bytes() != 0 || roce.MTU(6).Valid() {
-		t.Error("invalid MTU enums accepted")
-	}
-}
-
 func TestGID(t *testing.T) {
 	g := roce.GIDFromAddr(netip.MustParseAddr("10.99.0.2"))
 	if got := g.String(); got != "0000:0000:0000:0000:0000:ffff:0a63:0002" {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/internal/impair"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // sentFrame is a frame a sim port sent: its opcode, its syndrome for an
@@ -60,7 +61,7 @@ func TestAckDelay(t *testing.T) {
 		must(t, err)
 	}
 	send := func(qp *QP, mr *MR, id uint64) {
-		_, err := qp.PostSend([]SendWR{{ID: id, Opcode: OpSend, Flags: SendSignaled, SGL: []SGE{{Addr: 0x10000, Length: 2, LKey: mr.LKey}}}})
+		_, err := qp.PostSend([]SendWR{{ID: id, Opcode: abi.WRSend, Flags: abi.SendSignaled, SGL: []SGE{{Addr: 0x10000, Length: 2, LKey: mr.LKey}}}})
 		must(t, err)
 	}
 
@@ -94,7 +95,7 @@ func TestAckDelay(t *testing.T) {
 		t.Fatalf("B sent %+v; want its ACK, then its SEND, in one flush", fromB)
 	}
 	deliver(s.a)
-	if got := poll(c.cqa); len(got) != 1 || got[0].ID != 3 || got[0].Status != WCSuccess {
+	if got := poll(c.cqa); len(got) != 1 || got[0].ID != 3 || got[0].Status != abi.WCSuccess {
 		t.Fatalf("A's send completions %+v", got)
 	}
 	if got := poll(c.rcqa); len(got) != 1 || got[0].ID != 2 {
@@ -133,7 +134,7 @@ func TestAckDelay(t *testing.T) {
 
 	// A plain WRITE completes no receive: its ACK goes at once.
 	fromB = nil
-	_, err := c.qa.PostSend([]SendWR{{ID: 9, Opcode: OpWrite, Flags: SendSignaled, SGL: []SGE{{Addr: 0x10000, Length: 2, LKey: c.mra.LKey}},
+	_, err := c.qa.PostSend([]SendWR{{ID: 9, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, SGL: []SGE{{Addr: 0x10000, Length: 2, LKey: c.mra.LKey}},
 		RemoteAddr: 0x10000 + 0x70000, RKey: c.mrb.RKey}})
 	must(t, err)
 	deliver(s.b)
@@ -172,7 +173,7 @@ func TestAckDelayOff(t *testing.T) {
 	record(t, s.b, &fromB)
 	_, err := c.qb.PostRecv([]RecvWR{{ID: 1, SGL: []SGE{{Addr: 0x10000, Length: 64, LKey: c.mrb.LKey}}}})
 	must(t, err)
-	_, err = c.qa.PostSend([]SendWR{{ID: 2, Opcode: OpSend, Flags: SendSignaled, SGL: []SGE{{Addr: 0x10000, Length: 2, LKey: c.mra.LKey}}}})
+	_, err = c.qa.PostSend([]SendWR{{ID: 2, Opcode: abi.WRSend, Flags: abi.SendSignaled, SGL: []SGE{{Addr: 0x10000, Length: 2, LKey: c.mra.LKey}}}})
 	must(t, err)
 	deliver(s.b)
 	if len(fromB) != 1 || fromB[0].op != roce.RCAcknowledge {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/internal/impair"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // TestAckReqStream: a message asks for an acknowledgement (BTH AckReq) at
@@ -17,15 +18,15 @@ import (
 // post.
 func TestAckReqStream(t *testing.T) {
 	write := func(id uint64) SendWR {
-		return SendWR{ID: id, Opcode: OpWrite, Flags: SendSignaled, SGL: []SGE{{Addr: 0x10000, Length: 64}},
+		return SendWR{ID: id, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, SGL: []SGE{{Addr: 0x10000, Length: 64}},
 			RemoteAddr: 0x10000 + 0x80000}
 	}
 	read := func(id uint64) SendWR {
-		return SendWR{ID: id, Opcode: OpRead, Flags: SendSignaled, SGL: []SGE{{Addr: 0x10000 + 0x1000, Length: 64}},
+		return SendWR{ID: id, Opcode: abi.WRRDMARead, Flags: abi.SendSignaled, SGL: []SGE{{Addr: 0x10000 + 0x1000, Length: 64}},
 			RemoteAddr: 0x10000 + 0x90000}
 	}
 	fadd := func(id uint64) SendWR {
-		return SendWR{ID: id, Opcode: OpFetchAdd, Flags: SendSignaled, SGL: []SGE{{Addr: 0x10000 + 0x2000, Length: 8}},
+		return SendWR{ID: id, Opcode: abi.WRAtomicFetchAdd, Flags: abi.SendSignaled, SGL: []SGE{{Addr: 0x10000 + 0x2000, Length: 8}},
 			RemoteAddr: 0x10000 + 0xa0000, CompareAdd: 1}
 	}
 	writes := func(first uint64, n int) []SendWR {
@@ -71,7 +72,7 @@ func TestAckReqStream(t *testing.T) {
 			var got []WC
 			s.run(100000, func() bool { got = append(got, poll(cn.cqa)...); return len(got) == total })
 			for i, wc := range got {
-				if wc.Status != WCSuccess || wc.ID != uint64(i+1) {
+				if wc.Status != abi.WCSuccess || wc.ID != uint64(i+1) {
 					t.Fatalf("completion %d: %+v", i, wc)
 				}
 			}

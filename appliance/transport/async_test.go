@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // asyncPort is an AsyncOutput whose writer goroutine delivers each batch
@@ -75,20 +76,20 @@ func TestAsyncOutput(t *testing.T) {
 		s := &side{buf: make([]byte, size), cq: NewCQ(4096, nil), rq: NewCQ(4096, nil)}
 		pd := e.Memory().NewPD()
 		var err error
-		s.mr, err = e.Memory().Register(pd, 0x10000, s.buf, AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead)
+		s.mr, err = e.Memory().Register(pd, 0x10000, s.buf, abi.AccessLocalWrite|abi.AccessRemoteWrite|abi.AccessRemoteRead)
 		must(t, err)
-		s.qp, err = e.CreateQP(QPConfig{Type: RC, PD: pd, SendCQ: s.cq, RecvCQ: s.rq, MaxSendWR: 256, MaxRecvWR: 256})
+		s.qp, err = e.CreateQP(QPConfig{Type: abi.RC, PD: pd, SendCQ: s.cq, RecvCQ: s.rq, MaxSendWR: 256, MaxRecvWR: 256})
 		must(t, err)
 		return s
 	}
 	a, b := setup(ea), setup(eb)
 	up := func(s *side, peer *asyncPort, dqpn uint32) {
-		must(t, s.qp.Modify(&QPAttr{State: StateInit, Port: 1, Access: AccessRemoteWrite | AccessRemoteRead}, AttrState|AttrPKeyIndex|AttrPort|AttrAccessFlags))
-		must(t, s.qp.Modify(&QPAttr{State: StateRTR, AV: AddressVector{DstIP: peer.ip, DstMAC: peer.mac, SGIDIndex: 1},
-			PathMTU: roce.MTU4096, DestQPN: dqpn, RQPSN: 100, MaxDestRdAtomic: 16, MinRNRTimer: 1},
-			AttrState|AttrAV|AttrPathMTU|AttrDestQPN|AttrRQPSN|AttrMaxDestRdAtomic|AttrMinRNRTimer))
-		must(t, s.qp.Modify(&QPAttr{State: StateRTS, SQPSN: 100, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16},
-			AttrState|AttrSQPSN|AttrTimeout|AttrRetryCnt|AttrRNRRetry|AttrMaxQPRdAtomic))
+		must(t, s.qp.Modify(&QPAttr{State: abi.QPSInit, Port: 1, Access: abi.AccessRemoteWrite | abi.AccessRemoteRead}, abi.QPStateMask|abi.QPPKeyIndex|abi.QPPort|abi.QPAccessFlags))
+		must(t, s.qp.Modify(&QPAttr{State: abi.QPSRTR, AV: AddressVector{DstIP: peer.ip, DstMAC: peer.mac, SGIDIndex: 1},
+			PathMTU: abi.MTU4096, DestQPN: dqpn, RQPSN: 100, MaxDestRdAtomic: 16, MinRNRTimer: 1},
+			abi.QPStateMask|abi.QPAV|abi.QPPathMTU|abi.QPDestQPN|abi.QPRQPSN|abi.QPMaxDestRdAtomic|abi.QPMinRNRTimer))
+		must(t, s.qp.Modify(&QPAttr{State: abi.QPSRTS, SQPSN: 100, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16},
+			abi.QPStateMask|abi.QPSQPSN|abi.QPTimeout|abi.QPRetryCnt|abi.QPRNRRetry|abi.QPMaxQPRdAtomic))
 	}
 	up(a, pb, b.qp.Num())
 	up(b, pa, a.qp.Num())
@@ -100,12 +101,12 @@ func TestAsyncOutput(t *testing.T) {
 	const msg, half = 64 << 10, size / 2
 	var wrs []SendWR
 	for off := 0; off < half; off += msg {
-		wrs = append(wrs, SendWR{ID: uint64(off), Opcode: OpWrite, Flags: SendSignaled,
+		wrs = append(wrs, SendWR{ID: uint64(off), Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled,
 			SGL: []SGE{{Addr: 0x10000 + uint64(off), Length: msg, LKey: a.mr.LKey}}, RemoteAddr: 0x10000 + uint64(off), RKey: b.mr.RKey})
 	}
 	reads := len(wrs)
 	for off := 0; off < half; off += msg {
-		wrs = append(wrs, SendWR{ID: uint64(off), Opcode: OpRead, Flags: SendSignaled,
+		wrs = append(wrs, SendWR{ID: uint64(off), Opcode: abi.WRRDMARead, Flags: abi.SendSignaled,
 			SGL: []SGE{{Addr: 0x10000 + half + uint64(off), Length: msg, LKey: a.mr.LKey}}, RemoteAddr: 0x10000 + uint64(off), RKey: b.mr.RKey})
 	}
 	var pkt roce.Packet
@@ -135,7 +136,7 @@ func TestAsyncOutput(t *testing.T) {
 		}
 		n := a.cq.Poll(wcs)
 		for _, wc := range wcs[:n] {
-			if wc.Status != WCSuccess {
+			if wc.Status != abi.WCSuccess {
 				t.Fatalf("completion %+v", wc)
 			}
 		}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // ring is a lossless in-memory link that copies frames into preallocated
@@ -103,28 +104,28 @@ func newRingPairSized(tb testing.TB, size, slots, depth int) *ringPair {
 		rp.backingB = make([]byte, size+2*guard)
 		*buf = rp.backingB[guard : guard+size : guard+size]
 		var err error
-		*mr, err = p.eng.Memory().Register(pd, base, *buf, AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead|AccessRemoteAtomic)
+		*mr, err = p.eng.Memory().Register(pd, base, *buf, abi.AccessLocalWrite|abi.AccessRemoteWrite|abi.AccessRemoteRead|abi.AccessRemoteAtomic)
 		must(tb, err)
 		*cq, *rcq = NewCQ(16*depth, nil), NewCQ(16*depth, nil)
-		q, err := p.eng.CreateQP(QPConfig{Type: RC, PD: pd, SendCQ: *cq, RecvCQ: *rcq, MaxSendWR: depth, MaxRecvWR: depth, MaxInline: 64})
+		q, err := p.eng.CreateQP(QPConfig{Type: abi.RC, PD: pd, SendCQ: *cq, RecvCQ: *rcq, MaxSendWR: depth, MaxRecvWR: depth, MaxInline: 64})
 		must(tb, err)
 		return q
 	}
 	var rcqa *CQ
 	rp.qa = qp(rp.a, &rp.bufa, &rp.mra, &rp.cqa, &rcqa)
 	rp.qb = qp(rp.b, &rp.bufb, &rp.mrb, &rp.cqb, &rp.rcqb)
-	all := AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic
+	all := abi.AccessLocalWrite | abi.AccessRemoteWrite | abi.AccessRemoteRead | abi.AccessRemoteAtomic
 	for _, x := range []struct {
 		q    *QP
 		peer *ringPort
 		dqp  uint32
 	}{{rp.qa, rp.b, rp.qb.Num()}, {rp.qb, rp.a, rp.qa.Num()}} {
-		must(tb, x.q.Modify(&QPAttr{State: StateInit, Port: 1, Access: all}, AttrState|AttrPKeyIndex|AttrPort|AttrAccessFlags))
-		must(tb, x.q.Modify(&QPAttr{State: StateRTR, AV: AddressVector{DstIP: x.peer.ip, DstMAC: x.peer.mac, SGIDIndex: 1},
-			PathMTU: roce.MTU4096, DestQPN: x.dqp, MaxDestRdAtomic: 16, MinRNRTimer: 1},
-			AttrState|AttrAV|AttrPathMTU|AttrDestQPN|AttrRQPSN|AttrMaxDestRdAtomic|AttrMinRNRTimer))
-		must(tb, x.q.Modify(&QPAttr{State: StateRTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16},
-			AttrState|AttrSQPSN|AttrTimeout|AttrRetryCnt|AttrRNRRetry|AttrMaxQPRdAtomic))
+		must(tb, x.q.Modify(&QPAttr{State: abi.QPSInit, Port: 1, Access: all}, abi.QPStateMask|abi.QPPKeyIndex|abi.QPPort|abi.QPAccessFlags))
+		must(tb, x.q.Modify(&QPAttr{State: abi.QPSRTR, AV: AddressVector{DstIP: x.peer.ip, DstMAC: x.peer.mac, SGIDIndex: 1},
+			PathMTU: abi.MTU4096, DestQPN: x.dqp, MaxDestRdAtomic: 16, MinRNRTimer: 1},
+			abi.QPStateMask|abi.QPAV|abi.QPPathMTU|abi.QPDestQPN|abi.QPRQPSN|abi.QPMaxDestRdAtomic|abi.QPMinRNRTimer))
+		must(tb, x.q.Modify(&QPAttr{State: abi.QPSRTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16},
+			abi.QPStateMask|abi.QPSQPSN|abi.QPTimeout|abi.QPRetryCnt|abi.QPRNRRetry|abi.QPMaxQPRdAtomic))
 	}
 	return rp
 }
@@ -134,11 +135,11 @@ func newRingPairSized(tb testing.TB, size, slots, depth int) *ringPair {
 func TestZeroAllocsPerPacket(t *testing.T) {
 	rp := newRingPair(t, 1<<20)
 	wcs := make([]WC, 16)
-	write := []SendWR{{ID: 1, Opcode: OpWrite, Flags: SendSignaled, SGL: sge(rp.mra, 0, 64<<10), RemoteAddr: base, RKey: rp.mrb.RKey}}
-	read := []SendWR{{ID: 2, Opcode: OpRead, Flags: SendSignaled, SGL: sge(rp.mra, 0, 16<<10), RemoteAddr: base, RKey: rp.mrb.RKey}}
-	send := []SendWR{{ID: 3, Opcode: OpSend, Flags: SendSignaled, SGL: sge(rp.mra, 0, 2)}}
+	write := []SendWR{{ID: 1, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, SGL: sge(rp.mra, 0, 64<<10), RemoteAddr: base, RKey: rp.mrb.RKey}}
+	read := []SendWR{{ID: 2, Opcode: abi.WRRDMARead, Flags: abi.SendSignaled, SGL: sge(rp.mra, 0, 16<<10), RemoteAddr: base, RKey: rp.mrb.RKey}}
+	send := []SendWR{{ID: 3, Opcode: abi.WRSend, Flags: abi.SendSignaled, SGL: sge(rp.mra, 0, 2)}}
 	recv := []RecvWR{{ID: 4, SGL: sge(rp.mrb, 0, 64)}}
-	atomic := []SendWR{{ID: 5, Opcode: OpFetchAdd, Flags: SendSignaled, SGL: sge(rp.mra, 0, 8), RemoteAddr: base, RKey: rp.mrb.RKey, CompareAdd: 1}}
+	atomic := []SendWR{{ID: 5, Opcode: abi.WRAtomicFetchAdd, Flags: abi.SendSignaled, SGL: sge(rp.mra, 0, 8), RemoteAddr: base, RKey: rp.mrb.RKey, CompareAdd: 1}}
 	for _, c := range []struct {
 		name string
 		fn   func()
@@ -170,7 +171,7 @@ func BenchmarkWrite64K(b *testing.B) {
 	const size = 64 << 10
 	wrs := make([]SendWR, 8)
 	for i := range wrs {
-		wrs[i] = SendWR{ID: uint64(i), Opcode: OpWrite, Flags: SendSignaled, SGL: sge(rp.mra, i*size, size), RemoteAddr: base + uint64(i*size), RKey: rp.mrb.RKey}
+		wrs[i] = SendWR{ID: uint64(i), Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, SGL: sge(rp.mra, i*size, size), RemoteAddr: base + uint64(i*size), RKey: rp.mrb.RKey}
 	}
 	wcs := make([]WC, 16)
 	b.SetBytes(size)
@@ -198,8 +199,8 @@ func BenchmarkWrite64K(b *testing.B) {
 // SEND back, completions polled on both sides; ns/op is one round trip.
 func BenchmarkSendPingPong(b *testing.B) {
 	rp := newRingPair(b, 1<<16)
-	ping := []SendWR{{ID: 1, Opcode: OpSend, Flags: SendSignaled | SendInline, Inline: []byte{1, 2}}}
-	pong := []SendWR{{ID: 2, Opcode: OpSend, Flags: SendSignaled | SendInline, Inline: []byte{3, 4}}}
+	ping := []SendWR{{ID: 1, Opcode: abi.WRSend, Flags: abi.SendSignaled | abi.SendInline, Inline: []byte{1, 2}}}
+	pong := []SendWR{{ID: 2, Opcode: abi.WRSend, Flags: abi.SendSignaled | abi.SendInline, Inline: []byte{3, 4}}}
 	recvA := []RecvWR{{ID: 3, SGL: sge(rp.mra, 0, 64)}}
 	recvB := []RecvWR{{ID: 4, SGL: sge(rp.mrb, 0, 64)}}
 	rcqA := rp.qa.cfg.RecvCQ

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/taproce/taproce/internal/impair"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // TestLossyLongReads: READs of many pieces (1 MiB at a path MTU of 1024,
@@ -26,11 +27,11 @@ func TestLossyLongReads(t *testing.T) {
 				}
 				var wrs []SendWR
 				for i := range n {
-					wrs = append(wrs, SendWR{ID: uint64(i), Opcode: OpWrite, Flags: SendSignaled,
+					wrs = append(wrs, SendWR{ID: uint64(i), Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled,
 						SGL: sge(c.mra, i*msg, msg), RemoteAddr: base + uint64(i*msg), RKey: c.mrb.RKey})
 				}
 				for i := range n {
-					wrs = append(wrs, SendWR{ID: uint64(n + i), Opcode: OpRead, Flags: SendSignaled,
+					wrs = append(wrs, SendWR{ID: uint64(n + i), Opcode: abi.WRRDMARead, Flags: abi.SendSignaled,
 						SGL: sge(c.mra, (n+i)*msg, msg), RemoteAddr: base + uint64(i*msg), RKey: c.mrb.RKey})
 				}
 				_, err = c.qa.PostSend(wrs)
@@ -38,7 +39,7 @@ func TestLossyLongReads(t *testing.T) {
 				var wcs []WC
 				s.run(2000000, func() bool { wcs = append(wcs, poll(c.cqa)...); return len(wcs) == len(wrs) })
 				for i, wc := range wcs {
-					if wc.Status != WCSuccess || wc.ID != uint64(i) {
+					if wc.Status != abi.WCSuccess || wc.ID != uint64(i) {
 						t.Fatalf("completion %d: %+v", i, wc)
 					}
 				}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/internal/impair"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // TestCloseLinger is the end of a latency run (perftest's write_lat,
@@ -28,23 +29,23 @@ func TestCloseLinger(t *testing.T) {
 	const linger = time.Second
 	for _, tc := range []struct {
 		name  string
-		op    Opcode
+		op    abi.WROpcode
 		after bool // A posts after the close: B never executed the request
 		dereg bool // B deregisters its region after the close
-		want  Status
+		want  abi.WCStatus
 	}{
-		{"WRITE", OpWrite, false, false, WCSuccess},
-		{"SEND", OpSend, false, false, WCSuccess},
-		{"READ", OpRead, false, false, WCSuccess},
-		{"FETCH_ADD", OpFetchAdd, false, false, WCSuccess},
-		{"READ of a deregistered region", OpRead, false, true, WCRetryExcErr},
-		{"WRITE after the close", OpWrite, true, false, WCRetryExcErr},
-		{"SEND after the close", OpSend, true, false, WCRetryExcErr},
+		{"WRITE", abi.WRRDMAWrite, false, false, abi.WCSuccess},
+		{"SEND", abi.WRSend, false, false, abi.WCSuccess},
+		{"READ", abi.WRRDMARead, false, false, abi.WCSuccess},
+		{"FETCH_ADD", abi.WRAtomicFetchAdd, false, false, abi.WCSuccess},
+		{"READ of a deregistered region", abi.WRRDMARead, false, true, abi.WCRetryExcErr},
+		{"WRITE after the close", abi.WRRDMAWrite, true, false, abi.WCRetryExcErr},
+		{"SEND after the close", abi.WRSend, true, false, abi.WCRetryExcErr},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newSim(t, impair.Spec{}, 1500)
 			retry := uint8(7)
-			if tc.want != WCSuccess {
+			if tc.want != abi.WCSuccess {
 				retry = 2 // runs out: what B does not answer fails
 			}
 			c := s.connect(connOpts{retry: retry, rnr: 7})
@@ -57,14 +58,14 @@ func TestCloseLinger(t *testing.T) {
 			_, err := c.qb.PostRecv([]RecvWR{{ID: 1, SGL: sge(c.mrb, 0, n)}, {ID: 2, SGL: sge(c.mrb, 0, n)}})
 			must(t, err)
 			// B's own SEND waits for a receive A never posts (RNR).
-			_, err = c.qb.PostSend([]SendWR{{ID: 9, Opcode: OpSend, Flags: SendSignaled, SGL: sge(c.mrb, 0, 64)}})
+			_, err = c.qb.PostSend([]SendWR{{ID: 9, Opcode: abi.WRSend, Flags: abi.SendSignaled, SGL: sge(c.mrb, 0, 64)}})
 			must(t, err)
 			s.run(10000, func() bool { return !c.qb.rnrAt.IsZero() })
-			wr := SendWR{ID: 5, Opcode: tc.op, Flags: SendSignaled, SGL: sge(c.mra, 0, n), RemoteAddr: base, RKey: c.mrb.RKey}
+			wr := SendWR{ID: 5, Opcode: tc.op, Flags: abi.SendSignaled, SGL: sge(c.mra, 0, n), RemoteAddr: base, RKey: c.mrb.RKey}
 			switch tc.op {
-			case OpRead:
+			case abi.WRRDMARead:
 				wr.SGL, wr.RemoteAddr = sge(c.mra, 16384, n), base+8192
-			case OpFetchAdd:
+			case abi.WRAtomicFetchAdd:
 				wr.SGL, wr.RemoteAddr, wr.CompareAdd = sge(c.mra, 16384, 8), base+4096, 2
 			}
 			qpn := c.qb.Num()
@@ -87,7 +88,7 @@ func TestCloseLinger(t *testing.T) {
 				s.run(10000, func() bool { return c.qb.ePSN != ePSN && len(s.b.inbox) == 0 })
 				// What B completed before the close stays completed.
 				got := poll(c.rcqb)
-				if tc.op == OpSend && (len(got) != 1 || got[0].ID != 1 || got[0].Status != WCSuccess) {
+				if tc.op == abi.WRSend && (len(got) != 1 || got[0].ID != 1 || got[0].Status != abi.WCSuccess) {
 					t.Fatalf("B's receive completions before the close: %+v", got)
 				}
 				closeB()
@@ -109,20 +110,20 @@ func TestCloseLinger(t *testing.T) {
 					naks++
 				}
 			}
-			if tc.want == WCSuccess {
+			if tc.want == abi.WCSuccess {
 				if len(answers) == 0 || naks != 0 {
 					t.Errorf("closed B answered with %d packets, %d of them NAKs; want the duplicate's answer", len(answers), naks)
 				}
 				switch tc.op {
-				case OpWrite:
+				case abi.WRRDMAWrite:
 					if !bytes.Equal(c.bufb[:n], c.bufa[:n]) {
 						t.Error("the WRITE's data is not in B's memory")
 					}
-				case OpRead:
+				case abi.WRRDMARead:
 					if !bytes.Equal(c.bufa[16384:16384+n], c.bufb[8192:8192+n]) {
 						t.Error("the READ's data is not in A's memory")
 					}
-				case OpFetchAdd:
+				case abi.WRAtomicFetchAdd:
 					if got, mem := binary.LittleEndian.Uint64(c.bufa[16384:]), binary.LittleEndian.Uint64(c.bufb[4096:]); got != 40 || mem != 42 {
 						t.Errorf("FETCH_ADD returned %d and left %d, want 40 and 42 (executed once)", got, mem)
 					}
@@ -131,7 +132,7 @@ func TestCloseLinger(t *testing.T) {
 				if len(answers) != 0 {
 					t.Errorf("closed B answered a request it never executed with %d packets (%d NAKs)", len(answers), naks)
 				}
-				if st := c.qa.State(); st != StateErr {
+				if st := c.qa.State(); st != abi.QPSErr {
 					t.Errorf("A's QP in %v after its retries ran out, want ERR", st)
 				}
 				if s.b.eng.Stats().Dropped == 0 {
@@ -141,16 +142,16 @@ func TestCloseLinger(t *testing.T) {
 			if got := append(poll(c.cqb), poll(c.rcqb)...); len(got) != 0 {
 				t.Fatalf("B's CQs got %+v after Close", got)
 			}
-			if _, err := c.qb.PostSend([]SendWR{{ID: 10, Opcode: OpSend, SGL: sge(c.mrb, 0, 8)}}); !errors.Is(err, ErrState) {
+			if _, err := c.qb.PostSend([]SendWR{{ID: 10, Opcode: abi.WRSend, SGL: sge(c.mrb, 0, 8)}}); !errors.Is(err, ErrState) {
 				t.Errorf("PostSend on a closed QP: %v", err)
 			}
 			if _, err := c.qb.PostRecv([]RecvWR{{ID: 10, SGL: sge(c.mrb, 0, 8)}}); !errors.Is(err, ErrState) {
 				t.Errorf("PostRecv on a closed QP: %v", err)
 			}
-			if err := c.qb.Modify(&QPAttr{State: StateReset}, AttrState); !errors.Is(err, ErrState) {
+			if err := c.qb.Modify(&QPAttr{State: abi.QPSReset}, abi.QPStateMask); !errors.Is(err, ErrState) {
 				t.Errorf("Modify of a closed QP: %v", err)
 			}
-			if tc.want == WCSuccess {
+			if tc.want == abi.WCSuccess {
 				if s.b.eng.qps[qpn] != c.qb || !s.clock.now.Before(closedAt.Add(linger)) {
 					t.Fatalf("A was answered at %v, after the linger ending at %v", s.clock.now, closedAt.Add(linger))
 				}
@@ -179,15 +180,15 @@ func TestCloseAtOnce(t *testing.T) {
 	e := s.b.eng
 	pd := e.Memory().NewPD()
 	cq := NewCQ(16, nil)
-	mk := func(typ QPType, srq *SRQ) *QP {
+	mk := func(typ abi.QPType, srq *SRQ) *QP {
 		qp, err := e.CreateQP(QPConfig{Type: typ, PD: pd, SendCQ: cq, RecvCQ: cq, MaxSendWR: 4, MaxRecvWR: 4, SRQ: srq})
 		must(t, err)
 		return qp
 	}
-	ud := mk(UD, nil)
-	must(t, ud.Modify(&QPAttr{State: StateInit, Port: 1, QKey: 7}, AttrState|AttrPKeyIndex|AttrPort|AttrQKey))
-	rcInit := mk(RC, nil)
-	must(t, rcInit.Modify(&QPAttr{State: StateInit, Port: 1}, AttrState|AttrPKeyIndex|AttrPort|AttrAccessFlags))
+	ud := mk(abi.UD, nil)
+	must(t, ud.Modify(&QPAttr{State: abi.QPSInit, Port: 1, QKey: 7}, abi.QPStateMask|abi.QPPKeyIndex|abi.QPPort|abi.QPQKey))
+	rcInit := mk(abi.RC, nil)
+	must(t, rcInit.Modify(&QPAttr{State: abi.QPSInit, Port: 1}, abi.QPStateMask|abi.QPPKeyIndex|abi.QPPort|abi.QPAccessFlags))
 	for _, tc := range []struct {
 		name   string
 		qp     *QP
@@ -205,11 +206,11 @@ func TestCloseAtOnce(t *testing.T) {
 	}
 	srq, err := e.CreateSRQ(SRQConfig{PD: pd, MaxWR: 4})
 	must(t, err)
-	qp := mk(RC, srq)
-	must(t, qp.Modify(&QPAttr{State: StateInit, Port: 1}, AttrState|AttrPKeyIndex|AttrPort|AttrAccessFlags))
-	must(t, qp.Modify(&QPAttr{State: StateRTR, AV: AddressVector{DstIP: s.a.ip, DstMAC: s.a.mac, SGIDIndex: 1},
-		PathMTU: roce.MTU1024, DestQPN: 5, MaxDestRdAtomic: 1, MinRNRTimer: 1},
-		AttrState|AttrAV|AttrPathMTU|AttrDestQPN|AttrRQPSN|AttrMaxDestRdAtomic|AttrMinRNRTimer))
+	qp := mk(abi.RC, srq)
+	must(t, qp.Modify(&QPAttr{State: abi.QPSInit, Port: 1}, abi.QPStateMask|abi.QPPKeyIndex|abi.QPPort|abi.QPAccessFlags))
+	must(t, qp.Modify(&QPAttr{State: abi.QPSRTR, AV: AddressVector{DstIP: s.a.ip, DstMAC: s.a.mac, SGIDIndex: 1},
+		PathMTU: abi.MTU1024, DestQPN: 5, MaxDestRdAtomic: 1, MinRNRTimer: 1},
+		abi.QPStateMask|abi.QPAV|abi.QPPathMTU|abi.QPDestQPN|abi.QPRQPSN|abi.QPMaxDestRdAtomic|abi.QPMinRNRTimer))
 	must(t, e.Close(qp, time.Minute))
 	if e.qps[qp.Num()] != qp {
 		t.Fatal("a connected RC QP did not linger")
@@ -237,9 +238,9 @@ func TestLingerReadBounds(t *testing.T) {
 func lingerReadBounds(t *testing.T, kill bool) {
 	s := newSim(t, impair.Spec{}, 1500)
 	c := s.connect(connOpts{psnA: 500})
-	other, err := s.b.eng.Memory().Register(c.pdb, 0x900000, make([]byte, 8192), AccessRemoteRead)
+	other, err := s.b.eng.Memory().Register(c.pdb, 0x900000, make([]byte, 8192), abi.AccessRemoteRead)
 	must(t, err)
-	_, err = c.qa.PostSend([]SendWR{{ID: 1, Opcode: OpRead, Flags: SendSignaled, SGL: sge(c.mra, 0, 4096), RemoteAddr: base + 4096, RKey: c.mrb.RKey}})
+	_, err = c.qa.PostSend([]SendWR{{ID: 1, Opcode: abi.WRRDMARead, Flags: abi.SendSignaled, SGL: sge(c.mra, 0, 4096), RemoteAddr: base + 4096, RKey: c.mrb.RKey}})
 	must(t, err)
 	s.run(10000, func() bool { return len(poll(c.cqa)) == 1 })
 	// The READ took PSNs 500…503.
@@ -305,12 +306,12 @@ func TestLingerBound(t *testing.T) {
 	cq := NewCQ(4, nil)
 	var first *QP
 	for i := range maxLingering + 1 {
-		qp, err := e.CreateQP(QPConfig{Type: RC, PD: pd, SendCQ: cq, RecvCQ: cq, MaxSendWR: 1})
+		qp, err := e.CreateQP(QPConfig{Type: abi.RC, PD: pd, SendCQ: cq, RecvCQ: cq, MaxSendWR: 1})
 		must(t, err)
-		must(t, qp.Modify(&QPAttr{State: StateInit, Port: 1}, AttrState|AttrPKeyIndex|AttrPort|AttrAccessFlags))
-		must(t, qp.Modify(&QPAttr{State: StateRTR, AV: AddressVector{DstIP: s.a.ip, DstMAC: s.a.mac, SGIDIndex: 1},
-			PathMTU: roce.MTU1024, DestQPN: 5, MaxDestRdAtomic: 1, MinRNRTimer: 1},
-			AttrState|AttrAV|AttrPathMTU|AttrDestQPN|AttrRQPSN|AttrMaxDestRdAtomic|AttrMinRNRTimer))
+		must(t, qp.Modify(&QPAttr{State: abi.QPSInit, Port: 1}, abi.QPStateMask|abi.QPPKeyIndex|abi.QPPort|abi.QPAccessFlags))
+		must(t, qp.Modify(&QPAttr{State: abi.QPSRTR, AV: AddressVector{DstIP: s.a.ip, DstMAC: s.a.mac, SGIDIndex: 1},
+			PathMTU: abi.MTU1024, DestQPN: 5, MaxDestRdAtomic: 1, MinRNRTimer: 1},
+			abi.QPStateMask|abi.QPAV|abi.QPPathMTU|abi.QPDestQPN|abi.QPRQPSN|abi.QPMaxDestRdAtomic|abi.QPMinRNRTimer))
 		must(t, e.Close(qp, time.Minute))
 		if i == 0 {
 			first = qp

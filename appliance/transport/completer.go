@@ -4,12 +4,13 @@ import (
 	"time"
 
 	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // complete handles a response or acknowledgement for the requester side of
 // an RC queue pair (IBA 9.7.5; rxe's completer).
 func (qp *QP) complete(frame []byte, p *roce.Packet) {
-	if qp.cfg.Type != RC || qp.state != StateRTS && qp.state != StateSQE {
+	if qp.cfg.Type != abi.RC || qp.state != abi.QPSRTS && qp.state != abi.QPSSQE {
 		qp.e.stats.dropped.Add(1)
 		return
 	}
@@ -32,11 +33,11 @@ func (qp *QP) complete(frame []byte, p *roce.Packet) {
 		case roce.SyndromeRNRNAK:
 			qp.e.stats.rnrReceived.Add(1)
 			qp.ackUpTo(psn.Add(-1))
-			if qp.state == StateErr || psn.Diff(qp.acked) <= 0 {
+			if qp.state == abi.QPSErr || psn.Diff(qp.acked) <= 0 {
 				return // an RNR NAK for what is acknowledged: stale
 			}
 			if qp.rnrLeft == 0 {
-				qp.toError(WCRNRRetryExcErr, true)
+				qp.toError(abi.WCRNRRetryExcErr, true)
 				return
 			}
 			if qp.attr.RNRRetry != 7 {
@@ -53,13 +54,13 @@ func (qp *QP) complete(frame []byte, p *roce.Packet) {
 		case roce.SyndromeNAK:
 			qp.e.stats.naksReceived.Add(1)
 			progress = qp.ackUpTo(psn.Add(-1))
-			if qp.state == StateErr || psn.Diff(qp.acked) <= 0 {
+			if qp.state == abi.QPSErr || psn.Diff(qp.acked) <= 0 {
 				return // a NAK for what is acknowledged: stale (rxe check_psn)
 			}
 			switch syn.Value() {
 			case roce.NAKPSNSequenceError:
 				if qp.retryLeft == 0 {
-					qp.toError(WCRetryExcErr, true)
+					qp.toError(abi.WCRetryExcErr, true)
 					return
 				}
 				if qp.attr.RetryCnt != 7 {
@@ -67,13 +68,13 @@ func (qp *QP) complete(frame []byte, p *roce.Packet) {
 				}
 				qp.rewind(psn)
 			case roce.NAKInvalidRequest:
-				qp.toError(WCRemInvReqErr, true)
+				qp.toError(abi.WCRemInvReqErr, true)
 				return
 			case roce.NAKRemoteAccessError:
-				qp.toError(WCRemAccessErr, true)
+				qp.toError(abi.WCRemAccessErr, true)
 				return
 			default:
-				qp.toError(WCRemOpErr, true)
+				qp.toError(abi.WCRemOpErr, true)
 				return
 			}
 		default:
@@ -87,7 +88,7 @@ func (qp *QP) complete(frame []byte, p *roce.Packet) {
 	default:
 		return
 	}
-	if qp.state == StateErr {
+	if qp.state == abi.QPSErr {
 		return
 	}
 	if progress {
@@ -125,7 +126,7 @@ func (qp *QP) completeInOrder() bool {
 		if qp.sqHead >= qp.sqNext || !w.assigned {
 			break
 		}
-		if w.wr.Opcode == OpRead || w.wr.Opcode.isAtomic() {
+		if w.wr.Opcode == abi.WRRDMARead || w.wr.Opcode.IsAtomic() {
 			if !w.filled {
 				if qp.acked.Diff(w.lastPSN) >= 0 {
 					qp.askAgain(w)
@@ -139,7 +140,7 @@ func (qp *QP) completeInOrder() bool {
 		if w.lastPSN.Diff(qp.acked) > 0 {
 			qp.acked = w.lastPSN
 		}
-		qp.completeSend(w, WCSuccess)
+		qp.completeSend(w, abi.WCSuccess)
 		done = true
 	}
 	return done
@@ -154,7 +155,7 @@ func (qp *QP) findResponder(psn roce.PSN, atomic bool) *sendWQE {
 	}
 	for i := qp.sqHead; i < end; i++ {
 		w := &qp.sq[i%uint64(len(qp.sq))]
-		if !w.assigned || w.filled || w.wr.Opcode.isAtomic() != atomic || !atomic && w.wr.Opcode != OpRead {
+		if !w.assigned || w.filled || w.wr.Opcode.IsAtomic() != atomic || !atomic && w.wr.Opcode != abi.WRRDMARead {
 			continue
 		}
 		if psn.Diff(w.firstPSN) >= 0 && psn.Diff(w.lastPSN) <= 0 {
@@ -218,11 +219,11 @@ func (qp *QP) readResponse(frame []byte, p *roce.Packet) bool {
 	// Every packet but the one that ends the READ is full; a LAST or ONLY
 	// that is not the end closes one of the pieces it was asked for in.
 	if off+n > w.length || off+n < w.length && n != pmtu || off+n == w.length && !last {
-		qp.toError(WCBadRespErr, true)
+		qp.toError(abi.WCBadRespErr, true)
 		return false
 	}
 	if !qp.e.mem.resolve(qp.cfg.PD, w.wr.SGL, true, &qp.scratch) {
-		qp.toError(WCLocProtErr, true)
+		qp.toError(abi.WCLocProtErr, true)
 		return false
 	}
 	qp.scratch.copyIn(p.Payload(frame), off)
@@ -269,7 +270,7 @@ func (qp *QP) atomicAck(p *roce.Packet) bool {
 		return false
 	}
 	if !qp.e.mem.resolve(qp.cfg.PD, w.wr.SGL, true, &qp.scratch) || qp.scratch.total != 8 {
-		qp.toError(WCLocProtErr, true)
+		qp.toError(abi.WCLocProtErr, true)
 		return false
 	}
 	var b [8]byte

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // Output takes the frames the engine sends. The frames lie in the
@@ -305,7 +306,7 @@ func (e *Engine) flush() {
 
 // QPConfig describes a queue pair to create (struct ibv_qp_init_attr).
 type QPConfig struct {
-	Type           QPType
+	Type           abi.QPType
 	PD             *PD
 	SendCQ, RecvCQ *CQ
 	MaxSendWR      int
@@ -327,7 +328,7 @@ type QPConfig struct {
 	Refill func(add func(RecvWR) bool)
 	// OnState, when set, is told each new state of the QP (a Modify, or
 	// the transport moving it to SQE or ERR), under the engine's lock.
-	OnState func(QPState)
+	OnState func(abi.QPState)
 }
 
 // CreateQP creates a queue pair in the RESET state.
@@ -335,7 +336,7 @@ func (e *Engine) CreateQP(c QPConfig) (*QP, error) {
 	if c.PD == nil || c.SendCQ == nil || c.RecvCQ == nil || c.MaxSendWR <= 0 || c.MaxRecvWR < 0 {
 		return nil, fmt.Errorf("%w: queue pair needs a PD, CQs and a send queue", ErrInvalid)
 	}
-	if c.Type != RC && c.Type != UD && c.Type != UC {
+	if c.Type != abi.RC && c.Type != abi.UD && c.Type != abi.UC {
 		return nil, fmt.Errorf("%w: QP type %v", ErrInvalid, c.Type)
 	}
 	if c.SRQ != nil && (c.SRQ.e != e || c.SRQ.pd != c.PD) {
@@ -346,7 +347,7 @@ func (e *Engine) CreateQP(c QPConfig) (*QP, error) {
 	for e.qps[e.nextQPN] != nil || e.nextQPN < 2 {
 		e.nextQPN = (e.nextQPN + 1) & roce.QPNMask
 	}
-	qp := &QP{e: e, num: e.nextQPN, cfg: c, state: StateReset}
+	qp := &QP{e: e, num: e.nextQPN, cfg: c, state: abi.QPSReset}
 	qp.sq = make([]sendWQE, c.MaxSendWR)
 	qp.rq = make([]recvWQE, max(c.MaxRecvWR, 1))
 	qp.cache = make([]respEntry, 16)
@@ -398,8 +399,8 @@ func (e *Engine) Kill(qp *QP, linger time.Duration) error {
 	if err := e.holds(qp); err != nil {
 		return err
 	}
-	if qp.state != StateErr {
-		qp.toError(WCWRFlushErr, false)
+	if qp.state != abi.QPSErr {
+		qp.toError(abi.WCWRFlushErr, false)
 	}
 	e.retire(qp, linger)
 	return nil
@@ -422,10 +423,10 @@ func (e *Engine) Close(qp *QP, linger time.Duration) error {
 	if err := e.holds(qp); err != nil {
 		return err
 	}
-	if qp.cfg.Type != RC || qp.state < StateRTR || !qp.tmpl.Dst.IsValid() {
+	if qp.cfg.Type != abi.RC || qp.state < abi.QPSRTR || !qp.tmpl.Dst.IsValid() {
 		linger = 0
 	}
-	qp.state = StateErr
+	qp.state = abi.QPSErr
 	qp.closed = true
 	e.retire(qp, linger)
 	return nil
@@ -448,7 +449,7 @@ func (e *Engine) remove(qp *QP) {
 	if qp.killed {
 		e.lingering--
 	}
-	qp.state = StateReset
+	qp.state = abi.QPSReset
 	qp.killAt = time.Time{}
 	if qp.cfg.SRQ != nil {
 		qp.cfg.SRQ.users--

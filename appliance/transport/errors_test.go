@@ -7,6 +7,7 @@ import (
 
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/internal/impair"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 const base = 0x10000
@@ -23,25 +24,25 @@ func TestRetryExceeded(t *testing.T) {
 	c := s.connect(connOpts{retry: 2, rnr: 7})
 	s.a.im = impair.New(impair.Spec{Loss: 1, Seed: 1})
 	_, err := c.qa.PostSend([]SendWR{
-		{ID: 1, Opcode: OpWrite, SGL: sge(c.mra, 0, 100), RemoteAddr: base, RKey: c.mrb.RKey}, // unsignaled
-		{ID: 2, Opcode: OpWrite, Flags: SendSignaled, SGL: sge(c.mra, 0, 100), RemoteAddr: base, RKey: c.mrb.RKey},
+		{ID: 1, Opcode: abi.WRRDMAWrite, SGL: sge(c.mra, 0, 100), RemoteAddr: base, RKey: c.mrb.RKey}, // unsignaled
+		{ID: 2, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, SGL: sge(c.mra, 0, 100), RemoteAddr: base, RKey: c.mrb.RKey},
 	})
 	must(t, err)
 	var wcs []WC
 	s.run(100000, func() bool { wcs = append(wcs, poll(c.cqa)...); return len(wcs) == 2 })
-	if wcs[0].ID != 1 || wcs[0].Status != WCRetryExcErr || wcs[1].ID != 2 || wcs[1].Status != WCWRFlushErr {
+	if wcs[0].ID != 1 || wcs[0].Status != abi.WCRetryExcErr || wcs[1].ID != 2 || wcs[1].Status != abi.WCWRFlushErr {
 		t.Fatalf("completions %+v", wcs)
 	}
-	if c.qa.State() != StateErr {
+	if c.qa.State() != abi.QPSErr {
 		t.Fatalf("state %v", c.qa.State())
 	}
 	if st := s.a.eng.Stats(); st.Timeouts != 3 {
 		t.Fatalf("%d timeouts, want 3 (first try + 2 retries)", st.Timeouts)
 	}
 	// Work posted in the error state completes at once with a flush error.
-	_, err = c.qa.PostSend([]SendWR{{ID: 3, Opcode: OpSend, SGL: sge(c.mra, 0, 1)}})
+	_, err = c.qa.PostSend([]SendWR{{ID: 3, Opcode: abi.WRSend, SGL: sge(c.mra, 0, 1)}})
 	must(t, err)
-	if wc := poll(c.cqa); len(wc) != 1 || wc[0].Status != WCWRFlushErr {
+	if wc := poll(c.cqa); len(wc) != 1 || wc[0].Status != abi.WCWRFlushErr {
 		t.Fatalf("post in ERR: %+v", wc)
 	}
 }
@@ -51,7 +52,7 @@ func TestRetryExceeded(t *testing.T) {
 func TestRNR(t *testing.T) {
 	s := newSim(t, impair.Spec{}, 1500)
 	c := s.connect(connOpts{retry: 7, rnr: 7})
-	_, err := c.qa.PostSend([]SendWR{{ID: 1, Opcode: OpSend, Flags: SendSignaled, SGL: sge(c.mra, 0, 3000)}})
+	_, err := c.qa.PostSend([]SendWR{{ID: 1, Opcode: abi.WRSend, Flags: abi.SendSignaled, SGL: sge(c.mra, 0, 3000)}})
 	must(t, err)
 	s.run(1000, func() bool { return s.b.eng.Stats().RNRNAKsSent >= 3 })
 	if len(poll(c.cqa)) != 0 {
@@ -61,7 +62,7 @@ func TestRNR(t *testing.T) {
 	must(t, err)
 	var wcs []WC
 	s.run(10000, func() bool { wcs = append(wcs, poll(c.cqa)...); return len(wcs) == 1 })
-	if wcs[0].Status != WCSuccess {
+	if wcs[0].Status != abi.WCSuccess {
 		t.Fatalf("after RNR: %+v", wcs[0])
 	}
 	if r := poll(c.rcqb); len(r) != 1 || r[0].ByteLen != 3000 {
@@ -70,11 +71,11 @@ func TestRNR(t *testing.T) {
 
 	s2 := newSim(t, impair.Spec{}, 1500)
 	c2 := s2.connect(connOpts{retry: 7, rnr: 2})
-	_, err = c2.qa.PostSend([]SendWR{{ID: 1, Opcode: OpSend, Flags: SendSignaled, SGL: sge(c2.mra, 0, 10)}})
+	_, err = c2.qa.PostSend([]SendWR{{ID: 1, Opcode: abi.WRSend, Flags: abi.SendSignaled, SGL: sge(c2.mra, 0, 10)}})
 	must(t, err)
 	wcs = nil
 	s2.run(10000, func() bool { wcs = append(wcs, poll(c2.cqa)...); return len(wcs) == 1 })
-	if wcs[0].Status != WCRNRRetryExcErr || s2.b.eng.Stats().RNRNAKsSent != 3 {
+	if wcs[0].Status != abi.WCRNRRetryExcErr || s2.b.eng.Stats().RNRNAKsSent != 3 {
 		t.Fatalf("RNR exhausted: %+v, %d RNR NAKs", wcs[0], s2.b.eng.Stats().RNRNAKsSent)
 	}
 }
@@ -84,29 +85,29 @@ func TestRNR(t *testing.T) {
 func TestRemoteAccessViolations(t *testing.T) {
 	cases := []struct {
 		name   string
-		access Access // of B's QP
+		access abi.Access // of B's QP
 		wr     func(c *conn) SendWR
 	}{
 		{"bad rkey", 0, func(c *conn) SendWR {
-			return SendWR{Opcode: OpWrite, SGL: sge(c.mra, 0, 64), RemoteAddr: base, RKey: c.mrb.RKey ^ 0x100}
+			return SendWR{Opcode: abi.WRRDMAWrite, SGL: sge(c.mra, 0, 64), RemoteAddr: base, RKey: c.mrb.RKey ^ 0x100}
 		}},
 		{"beyond the region", 0, func(c *conn) SendWR {
-			return SendWR{Opcode: OpWrite, SGL: sge(c.mra, 0, 64), RemoteAddr: base + uint64(len(c.bufb)) - 32, RKey: c.mrb.RKey}
+			return SendWR{Opcode: abi.WRRDMAWrite, SGL: sge(c.mra, 0, 64), RemoteAddr: base + uint64(len(c.bufb)) - 32, RKey: c.mrb.RKey}
 		}},
 		{"below the region", 0, func(c *conn) SendWR {
-			return SendWR{Opcode: OpRead, SGL: sge(c.mra, 0, 64), RemoteAddr: base - 8, RKey: c.mrb.RKey}
+			return SendWR{Opcode: abi.WRRDMARead, SGL: sge(c.mra, 0, 64), RemoteAddr: base - 8, RKey: c.mrb.RKey}
 		}},
-		{"no remote write on the QP", AccessLocalWrite | AccessRemoteRead, func(c *conn) SendWR {
-			return SendWR{Opcode: OpWrite, SGL: sge(c.mra, 0, 64), RemoteAddr: base, RKey: c.mrb.RKey}
+		{"no remote write on the QP", abi.AccessLocalWrite | abi.AccessRemoteRead, func(c *conn) SendWR {
+			return SendWR{Opcode: abi.WRRDMAWrite, SGL: sge(c.mra, 0, 64), RemoteAddr: base, RKey: c.mrb.RKey}
 		}},
-		{"no remote read on the QP", AccessLocalWrite | AccessRemoteWrite, func(c *conn) SendWR {
-			return SendWR{Opcode: OpRead, SGL: sge(c.mra, 0, 64), RemoteAddr: base, RKey: c.mrb.RKey}
+		{"no remote read on the QP", abi.AccessLocalWrite | abi.AccessRemoteWrite, func(c *conn) SendWR {
+			return SendWR{Opcode: abi.WRRDMARead, SGL: sge(c.mra, 0, 64), RemoteAddr: base, RKey: c.mrb.RKey}
 		}},
-		{"no atomics on the QP", AccessLocalWrite | AccessRemoteWrite, func(c *conn) SendWR {
-			return SendWR{Opcode: OpFetchAdd, SGL: sge(c.mra, 0, 8), RemoteAddr: base, RKey: c.mrb.RKey, CompareAdd: 1}
+		{"no atomics on the QP", abi.AccessLocalWrite | abi.AccessRemoteWrite, func(c *conn) SendWR {
+			return SendWR{Opcode: abi.WRAtomicFetchAdd, SGL: sge(c.mra, 0, 8), RemoteAddr: base, RKey: c.mrb.RKey, CompareAdd: 1}
 		}},
 		{"region of another PD", 0, func(c *conn) SendWR {
-			return SendWR{Opcode: OpWrite, SGL: sge(c.mra, 0, 64), RemoteAddr: base, RKey: c.otherRKey}
+			return SendWR{Opcode: abi.WRRDMAWrite, SGL: sge(c.mra, 0, 64), RemoteAddr: base, RKey: c.otherRKey}
 		}},
 	}
 	for _, tc := range cases {
@@ -117,23 +118,23 @@ func TestRemoteAccessViolations(t *testing.T) {
 				c.bufa[i] = 0xAA
 			}
 			other := make([]byte, 4096)
-			mr, err := s.b.eng.Memory().Register(s.b.eng.Memory().NewPD(), base, other, AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead)
+			mr, err := s.b.eng.Memory().Register(s.b.eng.Memory().NewPD(), base, other, abi.AccessLocalWrite|abi.AccessRemoteWrite|abi.AccessRemoteRead)
 			must(t, err)
 			c.otherRKey = mr.RKey
 			before := append([]byte(nil), c.bufb...)
 			wr := tc.wr(c)
-			wr.ID, wr.Flags = 7, SendSignaled
+			wr.ID, wr.Flags = 7, abi.SendSignaled
 			_, err = c.qa.PostSend([]SendWR{wr})
 			must(t, err)
 			var wcs []WC
 			s.run(10000, func() bool { wcs = append(wcs, poll(c.cqa)...); return len(wcs) == 1 })
-			if wcs[0].Status != WCRemAccessErr {
+			if wcs[0].Status != abi.WCRemAccessErr {
 				t.Fatalf("completion %+v (%v)", wcs[0], wcs[0].Status)
 			}
 			if !bytes.Equal(before, c.bufb) || bytes.Count(other, []byte{0}) != len(other) {
 				t.Fatal("target memory changed")
 			}
-			if c.qa.State() != StateErr || c.qb.State() != StateErr {
+			if c.qa.State() != abi.QPSErr || c.qb.State() != abi.QPSErr {
 				t.Fatalf("states %v / %v", c.qa.State(), c.qb.State())
 			}
 		})
@@ -147,15 +148,15 @@ func TestReceiveTooSmall(t *testing.T) {
 	c := s.connect(connOpts{retry: 7, rnr: 7})
 	_, err := c.qb.PostRecv([]RecvWR{{ID: 5, SGL: sge(c.mrb, 0, 100)}, {ID: 6, SGL: sge(c.mrb, 100, 100)}})
 	must(t, err)
-	_, err = c.qa.PostSend([]SendWR{{ID: 1, Opcode: OpSend, Flags: SendSignaled, SGL: sge(c.mra, 0, 2000)}})
+	_, err = c.qa.PostSend([]SendWR{{ID: 1, Opcode: abi.WRSend, Flags: abi.SendSignaled, SGL: sge(c.mra, 0, 2000)}})
 	must(t, err)
 	var wcs []WC
 	s.run(10000, func() bool { wcs = append(wcs, poll(c.cqa)...); return len(wcs) == 1 })
-	if wcs[0].Status != WCRemInvReqErr {
+	if wcs[0].Status != abi.WCRemInvReqErr {
 		t.Fatalf("send: %+v", wcs[0])
 	}
 	r := poll(c.rcqb)
-	if len(r) != 2 || r[0].ID != 5 || r[0].Status != WCLocLenErr || r[1].Status != WCWRFlushErr {
+	if len(r) != 2 || r[0].ID != 5 || r[0].Status != abi.WCLocLenErr || r[1].Status != abi.WCWRFlushErr {
 		t.Fatalf("receives %+v", r)
 	}
 }
@@ -167,14 +168,14 @@ func TestLocalProtection(t *testing.T) {
 	c := s.connect(connOpts{retry: 7, rnr: 7})
 	bad := []SGE{{Addr: base, Length: 10, LKey: 0xdead00}}
 	_, err := c.qa.PostSend([]SendWR{
-		{ID: 1, Opcode: OpWrite, Flags: SendSignaled, SGL: sge(c.mra, 0, 10), RemoteAddr: base, RKey: c.mrb.RKey},
-		{ID: 2, Opcode: OpWrite, Flags: SendSignaled, SGL: bad, RemoteAddr: base, RKey: c.mrb.RKey},
-		{ID: 3, Opcode: OpWrite, Flags: SendSignaled, SGL: sge(c.mra, 0, 10), RemoteAddr: base, RKey: c.mrb.RKey},
+		{ID: 1, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, SGL: sge(c.mra, 0, 10), RemoteAddr: base, RKey: c.mrb.RKey},
+		{ID: 2, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, SGL: bad, RemoteAddr: base, RKey: c.mrb.RKey},
+		{ID: 3, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, SGL: sge(c.mra, 0, 10), RemoteAddr: base, RKey: c.mrb.RKey},
 	})
 	must(t, err)
 	var wcs []WC
 	s.run(10000, func() bool { wcs = append(wcs, poll(c.cqa)...); return len(wcs) == 3 })
-	if wcs[0].Status != WCSuccess || wcs[1].Status != WCLocProtErr || wcs[2].Status != WCWRFlushErr {
+	if wcs[0].Status != abi.WCSuccess || wcs[1].Status != abi.WCLocProtErr || wcs[2].Status != abi.WCWRFlushErr {
 		t.Fatalf("completions %v %v %v", wcs[0].Status, wcs[1].Status, wcs[2].Status)
 	}
 }
@@ -186,14 +187,14 @@ func TestUD(t *testing.T) {
 	mk := func(p *simPort) (*QP, *CQ, *CQ, *MR, []byte) {
 		pd := p.eng.Memory().NewPD()
 		buf := make([]byte, 8192)
-		mr, err := p.eng.Memory().Register(pd, base, buf, AccessLocalWrite)
+		mr, err := p.eng.Memory().Register(pd, base, buf, abi.AccessLocalWrite)
 		must(t, err)
 		scq, rcq := NewCQ(64, nil), NewCQ(64, nil)
-		qp, err := p.eng.CreateQP(QPConfig{Type: UD, PD: pd, SendCQ: scq, RecvCQ: rcq, MaxSendWR: 16, MaxRecvWR: 16})
+		qp, err := p.eng.CreateQP(QPConfig{Type: abi.UD, PD: pd, SendCQ: scq, RecvCQ: rcq, MaxSendWR: 16, MaxRecvWR: 16})
 		must(t, err)
-		must(t, qp.Modify(&QPAttr{State: StateInit, Port: 1, QKey: 0x11111111}, AttrState|AttrPKeyIndex|AttrPort|AttrQKey))
-		must(t, qp.Modify(&QPAttr{State: StateRTR}, AttrState))
-		must(t, qp.Modify(&QPAttr{State: StateRTS, SQPSN: 7}, AttrState|AttrSQPSN))
+		must(t, qp.Modify(&QPAttr{State: abi.QPSInit, Port: 1, QKey: 0x11111111}, abi.QPStateMask|abi.QPPKeyIndex|abi.QPPort|abi.QPQKey))
+		must(t, qp.Modify(&QPAttr{State: abi.QPSRTR}, abi.QPStateMask))
+		must(t, qp.Modify(&QPAttr{State: abi.QPSRTS, SQPSN: 7}, abi.QPStateMask|abi.QPSQPSN))
 		return qp, scq, rcq, mr, buf
 	}
 	qa, scqa, _, mra, bufa := mk(s.a)
@@ -203,13 +204,13 @@ func TestUD(t *testing.T) {
 	must(t, err)
 	ah := &AH{DstIP: s.b.ip.As16(), DstMAC: s.b.mac, SGIDIndex: 1}
 	_, err = qa.PostSend([]SendWR{
-		{ID: 1, Opcode: OpSendImm, Imm: 42, Flags: SendSignaled, SGL: []SGE{{Addr: base, Length: 13, LKey: mra.LKey}}, AH: ah, RemoteQPN: qb.Num(), RemoteQKey: 0x11111111},
-		{ID: 2, Opcode: OpSend, Flags: SendSignaled, SGL: []SGE{{Addr: base, Length: 13, LKey: mra.LKey}}, AH: ah, RemoteQPN: qb.Num(), RemoteQKey: 0x22222222},
+		{ID: 1, Opcode: abi.WRSendWithImm, Imm: 42, Flags: abi.SendSignaled, SGL: []SGE{{Addr: base, Length: 13, LKey: mra.LKey}}, AH: ah, RemoteQPN: qb.Num(), RemoteQKey: 0x11111111},
+		{ID: 2, Opcode: abi.WRSend, Flags: abi.SendSignaled, SGL: []SGE{{Addr: base, Length: 13, LKey: mra.LKey}}, AH: ah, RemoteQPN: qb.Num(), RemoteQKey: 0x22222222},
 	})
 	must(t, err)
 	var r []WC
 	s.run(1000, func() bool { r = append(r, poll(rcqb)...); return len(r) == 1 && len(s.a.inbox)+len(s.b.inbox) == 0 })
-	if r[0].ByteLen != 40+13 || r[0].SrcQP != qa.Num() || r[0].Flags&WCGRH == 0 || r[0].Imm != 42 {
+	if r[0].ByteLen != 40+13 || r[0].SrcQP != qa.Num() || r[0].Flags&abi.WCGRH == 0 || r[0].Imm != 42 {
 		t.Fatalf("UD receive %+v", r[0])
 	}
 	if string(bufb[40:53]) != "hello over UD" {
@@ -219,7 +220,7 @@ func TestUD(t *testing.T) {
 	if ip.Version() != 4 || ip.Src() != s.a.ip || ip.Dst() != s.b.ip {
 		t.Fatalf("GRH area %x", bufb[:40])
 	}
-	if s := poll(scqa); len(s) != 2 || s[0].Status != WCSuccess || s[1].Status != WCSuccess {
+	if s := poll(scqa); len(s) != 2 || s[0].Status != abi.WCSuccess || s[1].Status != abi.WCSuccess {
 		t.Fatalf("send completions %+v", s)
 	}
 	if len(poll(rcqb)) != 0 {
@@ -233,20 +234,20 @@ func TestModifyRules(t *testing.T) {
 	e := NewEngine(Config{MAC: roce.MAC{2, 0, 0, 0, 0, 1}, GIDs: []roce.GID{{}}, Out: &simPort{}})
 	pd := e.Memory().NewPD()
 	cq := NewCQ(4, nil)
-	qp, err := e.CreateQP(QPConfig{Type: RC, PD: pd, SendCQ: cq, RecvCQ: cq, MaxSendWR: 4, MaxRecvWR: 4})
+	qp, err := e.CreateQP(QPConfig{Type: abi.RC, PD: pd, SendCQ: cq, RecvCQ: cq, MaxSendWR: 4, MaxRecvWR: 4})
 	must(t, err)
 	tests := []struct {
 		attr QPAttr
-		mask AttrMask
+		mask abi.AttrMask
 		ok   bool
 	}{
-		{QPAttr{State: StateRTR}, AttrState, false},                                                          // RESET→RTR
-		{QPAttr{State: StateInit}, AttrState | AttrPKeyIndex | AttrPort, false},                              // missing access
-		{QPAttr{State: StateInit}, AttrState | AttrPKeyIndex | AttrPort | AttrAccessFlags | AttrQKey, false}, // QKey not for RC
-		{QPAttr{State: StateInit, Port: 1}, AttrState | AttrPKeyIndex | AttrPort | AttrAccessFlags, true},
-		{QPAttr{State: StateRTR}, AttrState | AttrAV | AttrPathMTU, false}, // missing DEST_QPN etc.
-		{QPAttr{State: StateErr}, AttrState | AttrTimeout, false},          // ERR takes the state alone
-		{QPAttr{State: StateReset}, AttrState, true},
+		{QPAttr{State: abi.QPSRTR}, abi.QPStateMask, false},                                                                  // RESET→RTR
+		{QPAttr{State: abi.QPSInit}, abi.QPStateMask | abi.QPPKeyIndex | abi.QPPort, false},                                  // missing access
+		{QPAttr{State: abi.QPSInit}, abi.QPStateMask | abi.QPPKeyIndex | abi.QPPort | abi.QPAccessFlags | abi.QPQKey, false}, // QKey not for RC
+		{QPAttr{State: abi.QPSInit, Port: 1}, abi.QPStateMask | abi.QPPKeyIndex | abi.QPPort | abi.QPAccessFlags, true},
+		{QPAttr{State: abi.QPSRTR}, abi.QPStateMask | abi.QPAV | abi.QPPathMTU, false}, // missing DEST_QPN etc.
+		{QPAttr{State: abi.QPSErr}, abi.QPStateMask | abi.QPTimeout, false},            // ERR takes the state alone
+		{QPAttr{State: abi.QPSReset}, abi.QPStateMask, true},
 	}
 	for i, tt := range tests {
 		err := qp.Modify(&tt.attr, tt.mask)
@@ -254,7 +255,7 @@ func TestModifyRules(t *testing.T) {
 			t.Errorf("case %d (%v, %#x): %v", i, tt.attr.State, tt.mask, err)
 		}
 	}
-	if _, err := qp.PostSend([]SendWR{{Opcode: OpSend}}); !errors.Is(err, ErrInvalid) {
+	if _, err := qp.PostSend([]SendWR{{Opcode: abi.WRSend}}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("post send in RESET: %v", err)
 	}
 }
@@ -266,23 +267,23 @@ func TestSendWithInvalidate(t *testing.T) {
 	c := s.connect(connOpts{retry: 7, rnr: 7})
 	_, err := c.qb.PostRecv([]RecvWR{{ID: 1, SGL: sge(c.mrb, 0, 64)}})
 	must(t, err)
-	_, err = c.qa.PostSend([]SendWR{{ID: 1, Opcode: OpSendInv, Imm: c.mrb.RKey, Flags: SendSignaled, SGL: sge(c.mra, 0, 10)}})
+	_, err = c.qa.PostSend([]SendWR{{ID: 1, Opcode: abi.WRSendWithInv, Imm: c.mrb.RKey, Flags: abi.SendSignaled, SGL: sge(c.mra, 0, 10)}})
 	must(t, err)
 	var r []WC
 	s.run(10000, func() bool { r = append(r, poll(c.rcqb)...); return len(r) == 1 })
-	if r[0].Flags&WCWithInv == 0 || r[0].Imm != c.mrb.RKey || r[0].ByteLen != 10 {
+	if r[0].Flags&abi.WCWithInv == 0 || r[0].Imm != c.mrb.RKey || r[0].ByteLen != 10 {
 		t.Fatalf("receive %+v", r[0])
 	}
 	var sent []WC
 	s.run(10000, func() bool { sent = append(sent, poll(c.cqa)...); return len(sent) == 1 })
-	if sent[0].ID != 1 || sent[0].Status != WCSuccess {
+	if sent[0].ID != 1 || sent[0].Status != abi.WCSuccess {
 		t.Fatalf("SEND with invalidate: %+v", sent[0])
 	}
-	_, err = c.qa.PostSend([]SendWR{{ID: 2, Opcode: OpWrite, Flags: SendSignaled, SGL: sge(c.mra, 0, 10), RemoteAddr: base, RKey: c.mrb.RKey}})
+	_, err = c.qa.PostSend([]SendWR{{ID: 2, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, SGL: sge(c.mra, 0, 10), RemoteAddr: base, RKey: c.mrb.RKey}})
 	must(t, err)
 	var wcs []WC
 	s.run(10000, func() bool { wcs = append(wcs, poll(c.cqa)...); return len(wcs) == 1 })
-	if wcs[0].ID != 2 || wcs[0].Status != WCRemAccessErr {
+	if wcs[0].ID != 2 || wcs[0].Status != abi.WCRemAccessErr {
 		t.Fatalf("WRITE with an invalidated rkey: %+v (%v)", wcs[0], wcs[0].Status)
 	}
 }
@@ -299,7 +300,7 @@ func TestSendWithBadInvalidate(t *testing.T) {
 	}{
 		{"no such rkey", func(*sim, *conn) uint32 { return 0xdead00 }},
 		{"other PD", func(s *sim, c *conn) uint32 {
-			mr, err := s.b.eng.Memory().Register(s.b.eng.Memory().NewPD(), 0x900000, make([]byte, 64), AccessRemoteWrite|AccessLocalWrite)
+			mr, err := s.b.eng.Memory().Register(s.b.eng.Memory().NewPD(), 0x900000, make([]byte, 64), abi.AccessRemoteWrite|abi.AccessLocalWrite)
 			must(s.t, err)
 			return mr.RKey
 		}},
@@ -310,20 +311,20 @@ func TestSendWithBadInvalidate(t *testing.T) {
 			rkey := c.rkey(s, cn)
 			_, err := cn.qb.PostRecv([]RecvWR{{ID: 1, SGL: sge(cn.mrb, 0, 64)}, {ID: 2, SGL: sge(cn.mrb, 64, 64)}})
 			must(t, err)
-			_, err = cn.qa.PostSend([]SendWR{{ID: 7, Opcode: OpSendInv, Imm: rkey, Flags: SendSignaled, SGL: sge(cn.mra, 0, 10)}})
+			_, err = cn.qa.PostSend([]SendWR{{ID: 7, Opcode: abi.WRSendWithInv, Imm: rkey, Flags: abi.SendSignaled, SGL: sge(cn.mra, 0, 10)}})
 			must(t, err)
 			var recv, sent []WC
 			s.run(100000, func() bool {
 				recv, sent = append(recv, poll(cn.rcqb)...), append(sent, poll(cn.cqa)...)
 				return len(recv) == 2 && len(sent) == 1
 			})
-			if len(recv) != 2 || recv[0].ID != 1 || recv[0].Status != WCRemInvReqErr || recv[1].Status != WCWRFlushErr {
+			if len(recv) != 2 || recv[0].ID != 1 || recv[0].Status != abi.WCRemInvReqErr || recv[1].Status != abi.WCWRFlushErr {
 				t.Fatalf("receives %+v", recv)
 			}
-			if len(sent) != 1 || sent[0].ID != 7 || sent[0].Status != WCRemInvReqErr {
+			if len(sent) != 1 || sent[0].ID != 7 || sent[0].Status != abi.WCRemInvReqErr {
 				t.Fatalf("SEND with invalidate: %+v", sent)
 			}
-			if cn.qa.State() != StateErr || cn.qb.State() != StateErr {
+			if cn.qa.State() != abi.QPSErr || cn.qb.State() != abi.QPSErr {
 				t.Fatalf("states %v %v", cn.qa.State(), cn.qb.State())
 			}
 			if mr := s.b.eng.Memory().lookup(rkey); mr != nil && mr.invalid {
@@ -338,12 +339,12 @@ func TestPostSendChecks(t *testing.T) {
 	s := newSim(t, impair.Spec{}, 1500)
 	c := s.connect(connOpts{retry: 7, rnr: 7})
 	for _, wr := range []SendWR{
-		{Opcode: OpSend, SGL: make([]SGE, maxSGE+1)},
-		{Opcode: OpSend, Flags: SendInline, Inline: make([]byte, 65)},
-		{Opcode: OpRead, Flags: SendInline, SGL: sge(c.mra, 0, 8)},
-		{Opcode: OpFetchAdd, SGL: sge(c.mra, 0, 4)},
-		{Opcode: OpWrite, SGL: []SGE{{Addr: base, Length: 1 << 31, LKey: c.mra.LKey}, {Addr: base, Length: 1, LKey: c.mra.LKey}}},
-		{Opcode: Opcode(42)},
+		{Opcode: abi.WRSend, SGL: make([]SGE, maxSGE+1)},
+		{Opcode: abi.WRSend, Flags: abi.SendInline, Inline: make([]byte, 65)},
+		{Opcode: abi.WRRDMARead, Flags: abi.SendInline, SGL: sge(c.mra, 0, 8)},
+		{Opcode: abi.WRAtomicFetchAdd, SGL: sge(c.mra, 0, 4)},
+		{Opcode: abi.WRRDMAWrite, SGL: []SGE{{Addr: base, Length: 1 << 31, LKey: c.mra.LKey}, {Addr: base, Length: 1, LKey: c.mra.LKey}}},
+		{Opcode: abi.WROpcode(42)},
 	} {
 		if _, err := c.qa.PostSend([]SendWR{wr}); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%v: %v", wr.Opcode, err)

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // maxFuzzFrames bounds the frames FuzzReceive's engines may exchange
@@ -22,7 +23,7 @@ const fuzzMem = 1 << 14
 // with deep queues, setting one up took most of the fuzzer's time.
 func FuzzReceive(f *testing.F) {
 	seed := newRingPairSized(f, fuzzMem, 16, 16)
-	_, _ = seed.qa.PostSend([]SendWR{{ID: 1, Opcode: OpWrite, SGL: sge(seed.mra, 0, 5000), RemoteAddr: base, RKey: seed.mrb.RKey}})
+	_, _ = seed.qa.PostSend([]SendWR{{ID: 1, Opcode: abi.WRRDMAWrite, SGL: sge(seed.mra, 0, 5000), RemoteAddr: base, RKey: seed.mrb.RKey}})
 	for seed.b.in.n > 0 {
 		i := seed.b.in.head
 		f.Add(append([]byte(nil), seed.b.in.slots[i][:seed.b.in.lens[i]]...))
@@ -31,7 +32,7 @@ func FuzzReceive(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, frame []byte) {
 		rp := newRingPairSized(t, fuzzMem, 16, 16)
-		_, _ = rp.qa.PostSend([]SendWR{{ID: 1, Opcode: OpRead, SGL: sge(rp.mra, 0, 3000), RemoteAddr: base, RKey: rp.mrb.RKey}})
+		_, _ = rp.qa.PostSend([]SendWR{{ID: 1, Opcode: abi.WRRDMARead, SGL: sge(rp.mra, 0, 3000), RemoteAddr: base, RKey: rp.mrb.RKey}})
 		_, _ = rp.qb.PostRecv([]RecvWR{{ID: 2, SGL: sge(rp.mrb, 0, 2000)}})
 		var p roce.Packet
 		if roce.Parse(frame, &p) != nil {
@@ -52,7 +53,7 @@ func FuzzReceive(f *testing.F) {
 				t.Fatalf("byte %d outside B's registered memory written", i-size)
 			}
 		}
-		if st := rp.qb.State(); st != StateRTS && st != StateErr {
+		if st := rp.qb.State(); st != abi.QPSRTS && st != abi.QPSErr {
 			t.Fatalf("B in state %v", st)
 		}
 	})

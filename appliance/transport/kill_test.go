@@ -8,6 +8,7 @@ import (
 
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/internal/impair"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // TestKill: B's QP is killed (its owner died) while A, with retry_cnt 7,
@@ -23,14 +24,14 @@ func TestKill(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		spec  string
-		op    Opcode
+		op    abi.WROpcode
 		after int // A's completions before the kill; -1: kill before posting
 	}{
-		{"WRITEs", "", OpWrite, 8},
-		{"READs", "", OpRead, 8},
-		{"idle", "", OpWrite, -1},
-		{"WRITEs over a lossy link", "loss=5%,reorder=5%,seed=3", OpWrite, 8},
-		{"READs over a lossy link", "loss=5%,duplicate=2%,seed=4", OpRead, 8},
+		{"WRITEs", "", abi.WRRDMAWrite, 8},
+		{"READs", "", abi.WRRDMARead, 8},
+		{"idle", "", abi.WRRDMAWrite, -1},
+		{"WRITEs over a lossy link", "loss=5%,reorder=5%,seed=3", abi.WRRDMAWrite, 8},
+		{"READs over a lossy link", "loss=5%,duplicate=2%,seed=4", abi.WRRDMARead, 8},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			spec, err := impair.ParseSpec(tc.spec)
@@ -39,14 +40,14 @@ func TestKill(t *testing.T) {
 			c := s.connect(connOpts{retry: 7, rnr: 7})
 			_, err = c.qb.PostRecv([]RecvWR{{ID: 1, SGL: sge(c.mrb, 0, 64)}, {ID: 2, SGL: sge(c.mrb, 64, 64)}})
 			must(t, err)
-			_, err = c.qb.PostSend([]SendWR{{ID: 9, Opcode: OpSend, Flags: SendSignaled, SGL: sge(c.mrb, 0, 64)}})
+			_, err = c.qb.PostSend([]SendWR{{ID: 9, Opcode: abi.WRSend, Flags: abi.SendSignaled, SGL: sge(c.mrb, 0, 64)}})
 			must(t, err) // B's SEND waits for a receive A never posts (RNR)
 			qpn := c.qb.Num()
 			var killAt time.Time
 			kill := func() {
 				must(t, s.b.eng.Kill(c.qb, linger))
 				killAt = s.clock.now.Add(linger)
-				if st := c.qb.State(); st != StateErr {
+				if st := c.qb.State(); st != abi.QPSErr {
 					t.Fatalf("killed QP in %v, want ERR", st)
 				}
 				got := append(poll(c.cqb), poll(c.rcqb)...)
@@ -54,11 +55,11 @@ func TestKill(t *testing.T) {
 					t.Fatalf("B's completions at the kill: %+v", got)
 				}
 				for _, wc := range got {
-					if wc.Status != WCWRFlushErr {
+					if wc.Status != abi.WCWRFlushErr {
 						t.Fatalf("B's work completed with %v, want flushed", wc.Status)
 					}
 				}
-				if err := c.qb.Modify(&QPAttr{State: StateReset}, AttrState); !errors.Is(err, ErrInvalid) {
+				if err := c.qb.Modify(&QPAttr{State: abi.QPSReset}, abi.QPStateMask); !errors.Is(err, ErrInvalid) {
 					t.Fatalf("Modify of a killed QP: %v", err)
 				}
 			}
@@ -68,7 +69,7 @@ func TestKill(t *testing.T) {
 			const n = 64
 			var wrs []SendWR
 			for i := range n {
-				wrs = append(wrs, SendWR{ID: uint64(i), Opcode: tc.op, Flags: SendSignaled,
+				wrs = append(wrs, SendWR{ID: uint64(i), Opcode: tc.op, Flags: abi.SendSignaled,
 					SGL: sge(c.mra, i*16384, 16384), RemoteAddr: base + uint64(i*16384), RKey: c.mrb.RKey})
 			}
 			_, err = c.qa.PostSend(wrs)
@@ -80,21 +81,21 @@ func TestKill(t *testing.T) {
 			}
 			s.run(1_000_000, func() bool { wcs = append(wcs, poll(c.cqa)...); return len(wcs) == n })
 			k := 0
-			for k < n && wcs[k].Status == WCSuccess {
+			for k < n && wcs[k].Status == abi.WCSuccess {
 				k++
 			}
-			if k == n || wcs[k].Status != WCRemOpErr {
+			if k == n || wcs[k].Status != abi.WCRemOpErr {
 				t.Fatalf("A's completions: %d successful, then %+v; want REM_OP_ERR", k, wcs[min(k, n-1)])
 			}
 			for i, wc := range wcs {
-				if wc.ID != uint64(i) || i > k && wc.Status != WCWRFlushErr {
+				if wc.ID != uint64(i) || i > k && wc.Status != abi.WCWRFlushErr {
 					t.Fatalf("A's completion %d: %+v (%v)", i, wc, wc.Status)
 				}
 			}
 			if tc.after < 0 && k != 0 || tc.after >= 0 && k < tc.after {
 				t.Fatalf("%d successful before REM_OP_ERR (killed after %d)", k, tc.after)
 			}
-			if st := c.qa.State(); st != StateErr {
+			if st := c.qa.State(); st != abi.QPSErr {
 				t.Fatalf("A's QP in %v, want ERR", st)
 			}
 			if s.b.eng.Stats().NAKsSent == 0 {
@@ -131,7 +132,7 @@ func TestKillNAK(t *testing.T) {
 	for i := range c.bufa[:3000] {
 		c.bufa[i] = byte(i*7 + 1)
 	}
-	_, err := c.qa.PostSend([]SendWR{{ID: 1, Opcode: OpWrite, Flags: SendSignaled, SGL: sge(c.mra, 0, 3000), RemoteAddr: base, RKey: c.mrb.RKey}})
+	_, err := c.qa.PostSend([]SendWR{{ID: 1, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, SGL: sge(c.mra, 0, 3000), RemoteAddr: base, RKey: c.mrb.RKey}})
 	must(t, err)
 	s.run(10000, func() bool { return len(poll(c.cqa)) == 1 })
 	// B executed PSNs 1000…1002, one message: it expects 1003, MSN 1.

@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"testing"
+
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // TestLargestMessage: a 2 GiB RDMA WRITE (MaxMessage, rxe's
@@ -29,20 +31,20 @@ func TestLargestMessage(t *testing.T) {
 		for pump(rp.a, rp.b) {
 		}
 		n := rp.cqa.Poll(wcs)
-		if n != 1 || wcs[0].Status != WCSuccess || wcs[0].ID != wr.ID {
+		if n != 1 || wcs[0].Status != abi.WCSuccess || wcs[0].ID != wr.ID {
 			t.Fatalf("%v of 2 GiB: %d completions %+v", wr.Opcode, n, wcs[:n])
 		}
 	}
-	run(SendWR{ID: 1, Opcode: OpWrite, Flags: SendSignaled, SGL: sge(rp.mra, 0, size), RemoteAddr: base, RKey: rp.mrb.RKey})
+	run(SendWR{ID: 1, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, SGL: sge(rp.mra, 0, size), RemoteAddr: base, RKey: rp.mrb.RKey})
 	if !bytes.Equal(rp.bufa, rp.bufb) {
 		t.Fatal("WRITE of 2 GiB: data differs")
 	}
 	clear(rp.bufa)
-	run(SendWR{ID: 2, Opcode: OpRead, Flags: SendSignaled, SGL: sge(rp.mra, 0, size), RemoteAddr: base, RKey: rp.mrb.RKey})
+	run(SendWR{ID: 2, Opcode: abi.WRRDMARead, Flags: abi.SendSignaled, SGL: sge(rp.mra, 0, size), RemoteAddr: base, RKey: rp.mrb.RKey})
 	if !bytes.Equal(rp.bufa, rp.bufb) {
 		t.Fatal("READ of 2 GiB: data differs")
 	}
-	over := SendWR{ID: 3, Opcode: OpWrite, Flags: SendSignaled,
+	over := SendWR{ID: 3, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled,
 		SGL: []SGE{sge(rp.mra, 0, size)[0], sge(rp.mra, 0, 1)[0]}, RemoteAddr: base, RKey: rp.mrb.RKey}
 	if _, err := rp.qa.PostSend([]SendWR{over}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("2 GiB + 1 byte: %v, want ErrInvalid", err)

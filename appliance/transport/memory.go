@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // PD is a protection domain: memory regions and queue pairs of one PD may
@@ -19,7 +21,7 @@ type MR struct {
 	Buf    []byte
 	LKey   uint32
 	RKey   uint32
-	Access Access
+	Access abi.Access
 
 	invalid bool         // RKey invalidated by SEND with invalidate
 	pins    atomic.Int32 // frames of the local switch that point into Buf
@@ -55,7 +57,7 @@ func (m *Memory) NewPD() *PD {
 // Keys are an index in the upper 24 bits and a counter byte, as rxe forms
 // them, so a stale key of a deregistered region is unlikely to match a
 // new one.
-func (m *Memory) Register(pd *PD, addr uint64, buf []byte, access Access) (*MR, error) {
+func (m *Memory) Register(pd *PD, addr uint64, buf []byte, access abi.Access) (*MR, error) {
 	if pd == nil {
 		return nil, fmt.Errorf("%w: no protection domain", ErrInvalidMR)
 	}
@@ -63,7 +65,7 @@ func (m *Memory) Register(pd *PD, addr uint64, buf []byte, access Access) (*MR, 
 		return nil, fmt.Errorf("%w: address range wraps", ErrInvalidMR)
 	}
 	// IBA 10.6.3.1: remote write or atomic access requires local write.
-	if access&(AccessRemoteWrite|AccessRemoteAtomic) != 0 && access&AccessLocalWrite == 0 {
+	if access&(abi.AccessRemoteWrite|abi.AccessRemoteAtomic) != 0 && access&abi.AccessLocalWrite == 0 {
 		return nil, fmt.Errorf("%w: remote write or atomic access without local write", ErrInvalidMR)
 	}
 	m.mu.Lock()
@@ -118,7 +120,7 @@ func (mr *MR) slice(va uint64, n uint32) ([]byte, bool) {
 // remote checks a remote access of n bytes at va with rkey for a QP of pd
 // (IBA 10.6.3.2, 9.7.4.1.6: key valid, PD matches, range inside, access
 // allowed) and returns the bytes. A zero-length access checks nothing.
-func (m *Memory) remote(pd *PD, rkey uint32, va uint64, n uint32, need Access) ([]byte, bool) {
+func (m *Memory) remote(pd *PD, rkey uint32, va uint64, n uint32, need abi.Access) ([]byte, bool) {
 	if n == 0 {
 		return nil, true
 	}
@@ -136,7 +138,7 @@ func (m *Memory) local(pd *PD, sge SGE, write bool) ([]byte, *MR, bool) {
 		return nil, nil, true
 	}
 	mr := m.lookup(sge.LKey)
-	if mr == nil || mr.PD != pd || write && mr.Access&AccessLocalWrite == 0 {
+	if mr == nil || mr.PD != pd || write && mr.Access&abi.AccessLocalWrite == 0 {
 		return nil, nil, false
 	}
 	b, ok := mr.slice(sge.Addr, sge.Length)

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/taproce/taproce/internal/impair"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // woken reports whether e's TickWake was signalled, and clears it.
@@ -34,7 +35,7 @@ func TestPlanTick(t *testing.T) {
 	// A SEND to a receiver without receive WQEs: its retry timer is set
 	// while the plan is to wait for one.
 	send := func(qp *QP, id uint64) {
-		_, err := qp.PostSend([]SendWR{{ID: id, Opcode: OpSend, Flags: SendSignaled | SendInline, Inline: []byte("hi")}})
+		_, err := qp.PostSend([]SendWR{{ID: id, Opcode: abi.WRSend, Flags: abi.SendSignaled | abi.SendInline, Inline: []byte("hi")}})
 		must(t, err)
 	}
 	send(c.qa, 1)
@@ -75,7 +76,7 @@ func TestPlanTick(t *testing.T) {
 	for s.step() {
 	}
 	for _, cq := range []*CQ{c.cqa, later.cqa} {
-		if got := poll(cq); len(got) != 1 || got[0].Status != WCSuccess {
+		if got := poll(cq); len(got) != 1 || got[0].Status != abi.WCSuccess {
 			t.Fatalf("send completions %+v", got)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // CQ is a completion queue.
@@ -59,32 +60,6 @@ func (cq *CQ) push(wc *WC) {
 	cq.mu.Unlock()
 }
 
-// AttrMask selects the attributes of a Modify (enum ibv_qp_attr_mask).
-type AttrMask uint32
-
-// Attribute mask bits.
-const (
-	AttrState           AttrMask = 1 << 0
-	AttrCurState        AttrMask = 1 << 1
-	AttrAccessFlags     AttrMask = 1 << 3
-	AttrPKeyIndex       AttrMask = 1 << 4
-	AttrPort            AttrMask = 1 << 5
-	AttrQKey            AttrMask = 1 << 6
-	AttrAV              AttrMask = 1 << 7
-	AttrPathMTU         AttrMask = 1 << 8
-	AttrTimeout         AttrMask = 1 << 9
-	AttrRetryCnt        AttrMask = 1 << 10
-	AttrRNRRetry        AttrMask = 1 << 11
-	AttrRQPSN           AttrMask = 1 << 12
-	AttrMaxQPRdAtomic   AttrMask = 1 << 13
-	AttrAltPath         AttrMask = 1 << 14
-	AttrMinRNRTimer     AttrMask = 1 << 15
-	AttrSQPSN           AttrMask = 1 << 16
-	AttrMaxDestRdAtomic AttrMask = 1 << 17
-	AttrPathMigState    AttrMask = 1 << 18
-	AttrDestQPN         AttrMask = 1 << 20
-)
-
 // AddressVector says where a connected QP's packets go (struct
 // ibv_ah_attr with its GRH, which RoCE always has).
 type AddressVector struct {
@@ -102,14 +77,14 @@ type AddressVector struct {
 
 // QPAttr holds queue pair attributes (struct ibv_qp_attr).
 type QPAttr struct {
-	State           QPState
-	CurState        QPState
-	Access          Access
+	State           abi.QPState
+	CurState        abi.QPState
+	Access          abi.Access
 	PKeyIndex       uint16
 	Port            uint8
 	QKey            uint32
 	AV              AddressVector
-	PathMTU         roce.MTU
+	PathMTU         abi.MTU
 	DestQPN         uint32
 	RQPSN           roce.PSN
 	SQPSN           roce.PSN
@@ -126,42 +101,50 @@ type QPAttr struct {
 // in the wrong state, a full queue.
 var ErrInvalid = errors.New("transport: invalid argument")
 
-type transition struct{ from, to QPState }
+type transition struct{ from, to abi.QPState }
 
-type maskRule struct{ required, optional [3]AttrMask } // indexed by RC, UC, UD
+type maskRule struct{ required, optional [3]abi.AttrMask } // indexed by RC, UC, UD
 
-func typeIndex(t QPType) int { return map[QPType]int{RC: 0, UC: 1, UD: 2}[t] }
+func typeIndex(t abi.QPType) int {
+	switch t {
+	case abi.UC:
+		return 1
+	case abi.UD:
+		return 2
+	}
+	return 0
+}
 
 // modifyRules is the IBA transition table (IBA 11.2.4.2; the kernel's
 // qp_state_table) for the transitions taproce supports.
 var modifyRules = map[transition]maskRule{
-	{StateReset, StateInit}: {
-		required: [3]AttrMask{AttrPKeyIndex | AttrPort | AttrAccessFlags, AttrPKeyIndex | AttrPort | AttrAccessFlags, AttrPKeyIndex | AttrPort | AttrQKey},
+	{abi.QPSReset, abi.QPSInit}: {
+		required: [3]abi.AttrMask{abi.QPPKeyIndex | abi.QPPort | abi.QPAccessFlags, abi.QPPKeyIndex | abi.QPPort | abi.QPAccessFlags, abi.QPPKeyIndex | abi.QPPort | abi.QPQKey},
 	},
-	{StateInit, StateInit}: {
-		optional: [3]AttrMask{AttrPKeyIndex | AttrPort | AttrAccessFlags, AttrPKeyIndex | AttrPort | AttrAccessFlags, AttrPKeyIndex | AttrPort | AttrQKey},
+	{abi.QPSInit, abi.QPSInit}: {
+		optional: [3]abi.AttrMask{abi.QPPKeyIndex | abi.QPPort | abi.QPAccessFlags, abi.QPPKeyIndex | abi.QPPort | abi.QPAccessFlags, abi.QPPKeyIndex | abi.QPPort | abi.QPQKey},
 	},
-	{StateInit, StateRTR}: {
-		required: [3]AttrMask{
-			AttrAV | AttrPathMTU | AttrDestQPN | AttrRQPSN | AttrMaxDestRdAtomic | AttrMinRNRTimer,
-			AttrAV | AttrPathMTU | AttrDestQPN | AttrRQPSN,
+	{abi.QPSInit, abi.QPSRTR}: {
+		required: [3]abi.AttrMask{
+			abi.QPAV | abi.QPPathMTU | abi.QPDestQPN | abi.QPRQPSN | abi.QPMaxDestRdAtomic | abi.QPMinRNRTimer,
+			abi.QPAV | abi.QPPathMTU | abi.QPDestQPN | abi.QPRQPSN,
 			0,
 		},
-		optional: [3]AttrMask{AttrAltPath | AttrAccessFlags | AttrPKeyIndex, AttrAltPath | AttrAccessFlags | AttrPKeyIndex, AttrPKeyIndex | AttrQKey},
+		optional: [3]abi.AttrMask{abi.QPAltPath | abi.QPAccessFlags | abi.QPPKeyIndex, abi.QPAltPath | abi.QPAccessFlags | abi.QPPKeyIndex, abi.QPPKeyIndex | abi.QPQKey},
 	},
-	{StateRTR, StateRTS}: {
-		required: [3]AttrMask{AttrSQPSN | AttrTimeout | AttrRetryCnt | AttrRNRRetry | AttrMaxQPRdAtomic, AttrSQPSN, AttrSQPSN},
-		optional: [3]AttrMask{
-			AttrCurState | AttrAltPath | AttrAccessFlags | AttrMinRNRTimer | AttrPathMigState,
-			AttrCurState | AttrAltPath | AttrAccessFlags | AttrPathMigState,
-			AttrCurState | AttrQKey,
+	{abi.QPSRTR, abi.QPSRTS}: {
+		required: [3]abi.AttrMask{abi.QPSQPSN | abi.QPTimeout | abi.QPRetryCnt | abi.QPRNRRetry | abi.QPMaxQPRdAtomic, abi.QPSQPSN, abi.QPSQPSN},
+		optional: [3]abi.AttrMask{
+			abi.QPCurState | abi.QPAltPath | abi.QPAccessFlags | abi.QPMinRNRTimer | abi.QPPathMigState,
+			abi.QPCurState | abi.QPAltPath | abi.QPAccessFlags | abi.QPPathMigState,
+			abi.QPCurState | abi.QPQKey,
 		},
 	},
-	{StateRTS, StateRTS}: {
-		optional: [3]AttrMask{
-			AttrCurState | AttrAccessFlags | AttrAltPath | AttrPathMigState | AttrMinRNRTimer,
-			AttrCurState | AttrAccessFlags | AttrAltPath | AttrPathMigState,
-			AttrCurState | AttrQKey,
+	{abi.QPSRTS, abi.QPSRTS}: {
+		optional: [3]abi.AttrMask{
+			abi.QPCurState | abi.QPAccessFlags | abi.QPAltPath | abi.QPPathMigState | abi.QPMinRNRTimer,
+			abi.QPCurState | abi.QPAccessFlags | abi.QPAltPath | abi.QPPathMigState,
+			abi.QPCurState | abi.QPQKey,
 		},
 	},
 }
@@ -169,16 +152,16 @@ var modifyRules = map[transition]maskRule{
 // checkModify applies the transition rules: the attribute mask must hold
 // every required attribute and nothing but required and optional ones.
 // Any state may go to RESET or ERR with the state alone.
-func checkModify(t QPType, cur QPState, attr *QPAttr, mask AttrMask) (QPState, error) {
+func checkModify(t abi.QPType, cur abi.QPState, attr *QPAttr, mask abi.AttrMask) (abi.QPState, error) {
 	to := cur
-	if mask&AttrState != 0 {
+	if mask&abi.QPStateMask != 0 {
 		to = attr.State
 	}
-	if mask&AttrCurState != 0 && attr.CurState != cur {
+	if mask&abi.QPCurState != 0 && attr.CurState != cur {
 		return cur, fmt.Errorf("%w: current state is %v, not %v", ErrInvalid, cur, attr.CurState)
 	}
-	if to == StateReset || to == StateErr {
-		if mask&^(AttrState|AttrCurState) != 0 {
+	if to == abi.QPSReset || to == abi.QPSErr {
+		if mask&^(abi.QPStateMask|abi.QPCurState) != 0 {
 			return cur, fmt.Errorf("%w: %v→%v takes the state alone", ErrInvalid, cur, to)
 		}
 		return to, nil
@@ -188,7 +171,7 @@ func checkModify(t QPType, cur QPState, attr *QPAttr, mask AttrMask) (QPState, e
 		return cur, fmt.Errorf("%w: no transition %v→%v", ErrInvalid, cur, to)
 	}
 	i := typeIndex(t)
-	rest := mask &^ AttrState
+	rest := mask &^ abi.QPStateMask
 	if missing := rule.required[i] &^ rest; missing != 0 {
 		return cur, fmt.Errorf("%w: %v→%v of a %v QP lacks attributes %#x", ErrInvalid, cur, to, t, uint32(missing))
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // maxSGE is the most scatter/gather elements of one work request.
@@ -19,15 +20,15 @@ type sendWQE struct {
 	length   uint32
 	firstPSN roce.PSN
 	lastPSN  roce.PSN
-	assigned bool   // PSNs assigned
-	cost     uint8  // READ or atomic: requests counted against max_rd_atomic
-	resp     uint32 // READ: response bytes received
-	fail     Status // a local error found while sending, reported in order
-	filled   bool   // READ or atomic: its response has arrived whole
-	askedAt  uint32 // READ: w.resp when its remainder was last asked for again
-	reqEnd   uint32 // READ: the end of the bytes requested so far
-	asked    bool   // READ: a request went out since the WQE was (re)started
-	ahead    uint64 // READ: responses received past w.resp, bit i = packet i after it
+	assigned bool         // PSNs assigned
+	cost     uint8        // READ or atomic: requests counted against max_rd_atomic
+	resp     uint32       // READ: response bytes received
+	fail     abi.WCStatus // a local error found while sending, reported in order
+	filled   bool         // READ or atomic: its response has arrived whole
+	askedAt  uint32       // READ: w.resp when its remainder was last asked for again
+	reqEnd   uint32       // READ: the end of the bytes requested so far
+	asked    bool         // READ: a request went out since the WQE was (re)started
+	ahead    uint64       // READ: responses received past w.resp, bit i = packet i after it
 }
 
 type recvWQE struct {
@@ -55,7 +56,7 @@ type QP struct {
 	e     *Engine
 	num   uint32
 	cfg   QPConfig
-	state QPState
+	state abi.QPState
 	attr  QPAttr
 
 	src   netip.Addr
@@ -109,7 +110,7 @@ type QP struct {
 func (qp *QP) Num() uint32 { return qp.num }
 
 // State returns the current state.
-func (qp *QP) State() QPState {
+func (qp *QP) State() abi.QPState {
 	qp.e.mu.Lock()
 	defer qp.e.mu.Unlock()
 	return qp.state
@@ -125,7 +126,7 @@ func (qp *QP) Attr() QPAttr {
 }
 
 // Modify changes attributes and state by the IBA rules (see checkModify).
-func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
+func (qp *QP) Modify(attr *QPAttr, mask abi.AttrMask) error {
 	e := qp.e
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -137,19 +138,19 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	if err != nil {
 		return err
 	}
-	if mask&AttrPathMTU != 0 {
+	if mask&abi.QPPathMTU != 0 {
 		if !attr.PathMTU.Valid() {
 			return fmt.Errorf("%w: path MTU %d", ErrInvalid, attr.PathMTU)
 		}
 		// A path MTU the port cannot carry is refused, not shrunk: the
 		// peer, told the same path MTU, expects FIRST and MIDDLE packets
 		// of exactly that size (IBA 9.7.7, C9-33) and NAKs shorter ones.
-		if active := roce.MTUForNetdev(e.cfg.MTU); attr.PathMTU > active {
+		if active := abi.MTUForNetdev(e.cfg.MTU); attr.PathMTU > active {
 			return fmt.Errorf("%w: path MTU %d above the port's active MTU %d (netdev MTU %d)",
 				ErrInvalid, attr.PathMTU.Bytes(), active.Bytes(), e.cfg.MTU)
 		}
 	}
-	if mask&AttrAV != 0 {
+	if mask&abi.QPAV != 0 {
 		src, err := e.sourceAddr(attr.AV.SGIDIndex)
 		if err != nil {
 			return err
@@ -159,33 +160,33 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 		}
 	}
 	a := &qp.attr
-	if mask&AttrAccessFlags != 0 {
+	if mask&abi.QPAccessFlags != 0 {
 		a.Access = attr.Access
 	}
-	if mask&AttrPKeyIndex != 0 {
+	if mask&abi.QPPKeyIndex != 0 {
 		a.PKeyIndex = attr.PKeyIndex
 	}
-	if mask&AttrPort != 0 {
+	if mask&abi.QPPort != 0 {
 		a.Port = attr.Port
 	}
-	if mask&AttrQKey != 0 {
+	if mask&abi.QPQKey != 0 {
 		a.QKey = attr.QKey
 	}
-	if mask&AttrAV != 0 {
+	if mask&abi.QPAV != 0 {
 		a.AV = attr.AV
 		a.AV.HopLimit = HopLimit
 	}
-	if mask&AttrPathMTU != 0 {
+	if mask&abi.QPPathMTU != 0 {
 		a.PathMTU = attr.PathMTU
 	}
-	if mask&AttrDestQPN != 0 {
+	if mask&abi.QPDestQPN != 0 {
 		a.DestQPN = attr.DestQPN & roce.QPNMask
 	}
-	if mask&AttrRQPSN != 0 {
+	if mask&abi.QPRQPSN != 0 {
 		a.RQPSN = attr.RQPSN & roce.PSNMask
 		qp.ePSN = a.RQPSN
 	}
-	if mask&AttrMaxDestRdAtomic != 0 {
+	if mask&abi.QPMaxDestRdAtomic != 0 {
 		a.MaxDestRdAtomic = attr.MaxDestRdAtomic
 		// The responder remembers that many READs and atomics for
 		// duplicates (IBA 9.7.4.1.4.1), and no fewer than 16.
@@ -194,41 +195,41 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 			qp.cacheN = 0
 		}
 	}
-	if mask&AttrMinRNRTimer != 0 {
+	if mask&abi.QPMinRNRTimer != 0 {
 		a.MinRNRTimer = attr.MinRNRTimer & 31
 	}
-	if mask&AttrSQPSN != 0 {
+	if mask&abi.QPSQPSN != 0 {
 		a.SQPSN = attr.SQPSN & roce.PSNMask
 		qp.psn, qp.sentTo = a.SQPSN, a.SQPSN
 		qp.acked = a.SQPSN.Add(-1)
 	}
-	if mask&AttrTimeout != 0 {
+	if mask&abi.QPTimeout != 0 {
 		a.Timeout = attr.Timeout
 	}
-	if mask&AttrRetryCnt != 0 {
+	if mask&abi.QPRetryCnt != 0 {
 		a.RetryCnt = attr.RetryCnt & 7
 		qp.retryLeft = a.RetryCnt
 	}
-	if mask&AttrRNRRetry != 0 {
+	if mask&abi.QPRNRRetry != 0 {
 		a.RNRRetry = attr.RNRRetry & 7
 		qp.rnrLeft = a.RNRRetry
 	}
-	if mask&AttrMaxQPRdAtomic != 0 {
+	if mask&abi.QPMaxQPRdAtomic != 0 {
 		a.MaxRdAtomic = attr.MaxRdAtomic
 	}
 	switch to {
-	case StateReset:
+	case abi.QPSReset:
 		qp.reset()
-	case StateRTR:
+	case abi.QPSRTR:
 		qp.prepare()
-	case StateErr:
-		if qp.state != StateErr {
-			qp.toError(WCWRFlushErr, false)
+	case abi.QPSErr:
+		if qp.state != abi.QPSErr {
+			qp.toError(abi.WCWRFlushErr, false)
 		}
 	}
 	qp.state = to
 	qp.stateChanged()
-	if to == StateRTS {
+	if to == abi.QPSRTS {
 		qp.drive()
 	}
 	return nil
@@ -256,15 +257,15 @@ func (qp *QP) reset() {
 func (qp *QP) prepare() {
 	e := qp.e
 	a := &qp.attr
-	if qp.cfg.Type == UD {
-		qp.pmtu = roce.MTUForNetdev(e.cfg.MTU).Bytes()
+	if qp.cfg.Type == abi.UD {
+		qp.pmtu = abi.MTUForNetdev(e.cfg.MTU).Bytes()
 		qp.sport = roce.DatagramSourcePort(qp.num)
 		src, _ := e.sourceAddr(0)
 		qp.src = src
 		return
 	}
 	qp.pmtu = a.PathMTU.Bytes()
-	qp.local = qp.cfg.Type == RC && e.cfg.Local != nil && e.cfg.Local(a.AV.DstIP)
+	qp.local = qp.cfg.Type == abi.RC && e.cfg.Local != nil && e.cfg.Local(a.AV.DstIP)
 	qp.src, _ = e.sourceAddr(a.AV.SGIDIndex)
 	qp.sport = roce.ConnectedSourcePort(a.AV.FlowLabel, qp.num, a.DestQPN)
 	qp.tmpl = qp.template(a.AV.DstIP, a.AV.DstMAC, a.DestQPN, a.AV.TClass, a.AV.FlowLabel)
@@ -302,11 +303,11 @@ func (qp *QP) template(dst netip.Addr, mac roce.MAC, dqpn uint32, tclass uint8, 
 
 func (qp *QP) acceptsTransport(op roce.Opcode) bool {
 	switch qp.cfg.Type {
-	case RC:
+	case abi.RC:
 		return op.Transport() == roce.TransportRC
-	case UC:
+	case abi.UC:
 		return op.Transport() == roce.TransportUC
-	case UD:
+	case abi.UD:
 		return op.Transport() == roce.TransportUD
 	}
 	return false
@@ -322,7 +323,7 @@ func (qp *QP) PostSend(wrs []SendWR) (int, error) {
 	if qp.killed {
 		return 0, fmt.Errorf("%w: queue pair %#x is killed or closed", ErrState, qp.num)
 	}
-	if qp.state < StateRTS && qp.state != StateErr || qp.state == StateSQE {
+	if qp.state < abi.QPSRTS && qp.state != abi.QPSErr || qp.state == abi.QPSSQE {
 		return 0, fmt.Errorf("%w: post send in %v", ErrState, qp.state)
 	}
 	for i := range wrs {
@@ -337,7 +338,7 @@ func (qp *QP) PostSend(wrs []SendWR) (int, error) {
 		*w = sendWQE{wr: *wr, inline: w.inline[:0]}
 		n := copy(w.sge[:], wr.SGL)
 		w.wr.SGL = w.sge[:n]
-		if wr.Flags&SendInline != 0 {
+		if wr.Flags&abi.SendInline != 0 {
 			w.inline = append(w.inline, wr.Inline...)
 			w.length = uint32(len(w.inline))
 		} else {
@@ -346,11 +347,11 @@ func (qp *QP) PostSend(wrs []SendWR) (int, error) {
 			}
 		}
 		if qp.cfg.SigAll {
-			w.wr.Flags |= SendSignaled
+			w.wr.Flags |= abi.SendSignaled
 		}
 		qp.sqTl++
 	}
-	if qp.state == StateErr {
+	if qp.state == abi.QPSErr {
 		qp.flushSQ()
 	} else {
 		qp.drive()
@@ -362,10 +363,10 @@ func (qp *QP) checkSendWR(wr *SendWR) error {
 	if len(wr.SGL) > maxSGE {
 		return fmt.Errorf("%w: %d SGEs, at most %d", ErrInvalid, len(wr.SGL), maxSGE)
 	}
-	if wr.Flags&SendInline != 0 && len(wr.Inline) > max(qp.cfg.MaxInline, 0) {
+	if wr.Flags&abi.SendInline != 0 && len(wr.Inline) > max(qp.cfg.MaxInline, 0) {
 		return fmt.Errorf("%w: %d inline bytes, at most %d", ErrInvalid, len(wr.Inline), qp.cfg.MaxInline)
 	}
-	if wr.Flags&SendInline != 0 && (wr.Opcode == OpRead || wr.Opcode.isAtomic()) {
+	if wr.Flags&abi.SendInline != 0 && (wr.Opcode == abi.WRRDMARead || wr.Opcode.IsAtomic()) {
 		return fmt.Errorf("%w: inline data on %v", ErrInvalid, wr.Opcode)
 	}
 	var total uint64
@@ -376,19 +377,19 @@ func (qp *QP) checkSendWR(wr *SendWR) error {
 		return fmt.Errorf("%w: message of %d bytes, at most %d", ErrInvalid, total, uint64(MaxMessage))
 	}
 	switch qp.cfg.Type {
-	case UD:
-		if !wr.Opcode.isSend() || wr.Opcode == OpSendInv || wr.AH == nil {
+	case abi.UD:
+		if !wr.Opcode.IsSend() || wr.Opcode == abi.WRSendWithInv || wr.AH == nil {
 			return fmt.Errorf("%w: UD takes SEND with an address handle", ErrInvalid)
 		}
-	case UC:
-		if !wr.Opcode.isSend() && !wr.Opcode.isWrite() {
+	case abi.UC:
+		if !wr.Opcode.IsSend() && !wr.Opcode.IsWrite() {
 			return fmt.Errorf("%w: UC takes SEND and RDMA WRITE", ErrInvalid)
 		}
-	case RC:
-		if _, ok := opNames[wr.Opcode]; !ok {
+	case abi.RC:
+		if !wr.Opcode.Valid() {
 			return fmt.Errorf("%w: opcode %v", ErrInvalid, wr.Opcode)
 		}
-		if wr.Opcode.isAtomic() {
+		if wr.Opcode.IsAtomic() {
 			var n uint32
 			for _, s := range wr.SGL {
 				n += s.Length
@@ -409,7 +410,7 @@ func (qp *QP) PostRecv(wrs []RecvWR) (int, error) {
 	if qp.killed {
 		return 0, fmt.Errorf("%w: queue pair %#x is killed or closed", ErrState, qp.num)
 	}
-	if qp.state == StateReset {
+	if qp.state == abi.QPSReset {
 		return 0, fmt.Errorf("%w: post receive in RESET", ErrState)
 	}
 	if qp.cfg.SRQ != nil {
@@ -427,7 +428,7 @@ func (qp *QP) PostRecv(wrs []RecvWR) (int, error) {
 		w.n = copy(w.sge[:], wrs[i].SGL)
 		qp.rqTl++
 	}
-	if qp.state == StateErr {
+	if qp.state == abi.QPSErr {
 		qp.flushRQ()
 	}
 	return len(wrs), nil
@@ -435,14 +436,14 @@ func (qp *QP) PostRecv(wrs []RecvWR) (int, error) {
 
 // completeSend posts the completion of a send WQE when it is signaled or
 // failed, and frees it. Only the oldest WQE completes.
-func (qp *QP) completeSend(w *sendWQE, status Status) {
+func (qp *QP) completeSend(w *sendWQE, status abi.WCStatus) {
 	qp.rdAtomicOut -= int(w.cost)
 	w.cost = 0
-	signaled := status != WCSuccess || w.wr.Flags&SendSignaled != 0
+	signaled := status != abi.WCSuccess || w.wr.Flags&abi.SendSignaled != 0
 	var wc WC
 	if signaled {
 		wc = WC{ID: w.wr.ID, Status: status, Opcode: wcOpcodeOf(w.wr.Opcode), QPNum: qp.num}
-		if status == WCSuccess && (w.wr.Opcode == OpRead || w.wr.Opcode.isAtomic()) {
+		if status == abi.WCSuccess && (w.wr.Opcode == abi.WRRDMARead || w.wr.Opcode.IsAtomic()) {
 			wc.ByteLen = w.length
 		}
 	}
@@ -468,11 +469,11 @@ func (qp *QP) notify(cq *CQ) {
 
 // toError moves the QP to the error state: the oldest outstanding send
 // WQE completes with status (when withHead), everything else is flushed.
-func (qp *QP) toError(status Status, withHead bool) {
+func (qp *QP) toError(status abi.WCStatus, withHead bool) {
 	if withHead && qp.sqHead < qp.sqTl {
 		qp.completeSend(&qp.sq[qp.sqHead%uint64(len(qp.sq))], status)
 	}
-	qp.state = StateErr
+	qp.state = abi.QPSErr
 	qp.stateChanged()
 	qp.retryAt, qp.rnrAt = time.Time{}, time.Time{}
 	qp.flushSQ()
@@ -482,8 +483,8 @@ func (qp *QP) toError(status Status, withHead bool) {
 func (qp *QP) flushSQ() {
 	for qp.sqHead < qp.sqTl {
 		w := &qp.sq[qp.sqHead%uint64(len(qp.sq))]
-		w.wr.Flags |= SendSignaled // flushed work always completes
-		qp.completeSend(w, WCWRFlushErr)
+		w.wr.Flags |= abi.SendSignaled // flushed work always completes
+		qp.completeSend(w, abi.WCWRFlushErr)
 	}
 	qp.sqNext, qp.reqOff = qp.sqHead, 0
 }
@@ -493,7 +494,7 @@ func (qp *QP) flushSQ() {
 func (qp *QP) flushRQ() {
 	for qp.rqHead < qp.rqTl {
 		w := &qp.rq[qp.rqHead%uint64(len(qp.rq))]
-		wc := WC{ID: w.id, Status: WCWRFlushErr, Opcode: WCRecv, QPNum: qp.num}
+		wc := WC{ID: w.id, Status: abi.WCWRFlushErr, Opcode: abi.WCRecv, QPNum: qp.num}
 		qp.cfg.RecvCQ.push(&wc)
 		qp.rqHead++
 	}
@@ -535,7 +536,7 @@ func (qp *QP) tick(now time.Time) {
 			return // nothing outstanding
 		}
 		if qp.retryLeft == 0 {
-			qp.toError(WCRetryExcErr, true)
+			qp.toError(abi.WCRetryExcErr, true)
 			return
 		}
 		if qp.attr.RetryCnt != 7 {
@@ -557,7 +558,7 @@ func (qp *QP) tick(now time.Time) {
 // armRetry starts the local ACK timer when packets are outstanding.
 func (qp *QP) armRetry() {
 	d := timeoutDuration(qp.attr.Timeout)
-	if d == 0 || qp.cfg.Type != RC {
+	if d == 0 || qp.cfg.Type != abi.RC {
 		return
 	}
 	if qp.sqHead == qp.sqNext && qp.reqOff == 0 {

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // maxInflight bounds the packets a QP has sent and not yet seen
@@ -70,18 +71,18 @@ func (qp *QP) inflight() int { return qp.psn.Diff(qp.acked.Next()) }
 // drive sends what the send queue holds, as far as the window, the
 // max_rd_atomic limit and an RNR wait allow.
 func (qp *QP) drive() {
-	if qp.state != StateRTS && qp.state != StateSQE || !qp.rnrAt.IsZero() {
+	if qp.state != abi.QPSRTS && qp.state != abi.QPSSQE || !qp.rnrAt.IsZero() {
 		return
 	}
 	for qp.sqNext < qp.sqTl {
 		if qp.sq[qp.sqNext%uint64(len(qp.sq))].fail != 0 {
 			break
 		}
-		if qp.cfg.Type == RC && qp.inflight() >= maxInflight {
+		if qp.cfg.Type == abi.RC && qp.inflight() >= maxInflight {
 			break
 		}
 		w := &qp.sq[qp.sqNext%uint64(len(qp.sq))]
-		if qp.cfg.Type == UD {
+		if qp.cfg.Type == abi.UD {
 			qp.sendUD(w)
 			continue
 		}
@@ -89,7 +90,7 @@ func (qp *QP) drive() {
 			break
 		}
 	}
-	if qp.cfg.Type == RC && qp.retryAt.IsZero() {
+	if qp.cfg.Type == abi.RC && qp.retryAt.IsZero() {
 		qp.armRetry()
 	}
 }
@@ -98,11 +99,11 @@ func (qp *QP) drive() {
 // writing (reads, atomics) into qp.scratch; a failure completes the WQE
 // with a local protection error and moves the QP to the error state.
 func (qp *QP) resolveLocal(w *sendWQE, write bool) bool {
-	if w.wr.Flags&SendInline != 0 {
+	if w.wr.Flags&abi.SendInline != 0 {
 		return true
 	}
 	if !qp.e.mem.resolve(qp.cfg.PD, w.wr.SGL, write, &qp.scratch) {
-		qp.failWQE(w, WCLocProtErr)
+		qp.failWQE(w, abi.WCLocProtErr)
 		return false
 	}
 	return true
@@ -111,7 +112,7 @@ func (qp *QP) resolveLocal(w *sendWQE, write bool) bool {
 // failWQE ends w with a local error. Completions come in order: when
 // earlier work is still waiting for acknowledgement, w fails when the
 // completer reaches it, and nothing after it is sent.
-func (qp *QP) failWQE(w *sendWQE, st Status) {
+func (qp *QP) failWQE(w *sendWQE, st abi.WCStatus) {
 	if &qp.sq[qp.sqHead%uint64(len(qp.sq))] == w {
 		qp.toError(st, true)
 		return
@@ -119,7 +120,7 @@ func (qp *QP) failWQE(w *sendWQE, st Status) {
 	w.fail = st
 	qp.sqNext++
 	qp.reqOff = 0
-	qp.state = StateSQE // the send queue stops; the completer finishes the job
+	qp.state = abi.QPSSQE // the send queue stops; the completer finishes the job
 	qp.stateChanged()
 }
 
@@ -128,31 +129,31 @@ func (qp *QP) sendRC(w *sendWQE) bool {
 	op := w.wr.Opcode
 	pmtu := uint32(qp.pmtu)
 	if !w.assigned {
-		if (op == OpRead || op.isAtomic()) && !qp.rdAtomicRoom(w) {
+		if (op == abi.WRRDMARead || op.IsAtomic()) && !qp.rdAtomicRoom(w) {
 			return false
 		}
 		w.firstPSN = qp.psn
 		n := 1
 		switch {
-		case op == OpRead:
+		case op == abi.WRRDMARead:
 			n = roce.ReadPSNs(w.length, qp.pmtu)
-		case !op.isAtomic() && w.length > 0:
+		case !op.IsAtomic() && w.length > 0:
 			n = int((w.length + pmtu - 1) / pmtu)
 		}
 		w.lastPSN = w.firstPSN.Add(n - 1)
 		w.assigned = true
 	}
-	if (op == OpRead || op.isAtomic()) && w.cost == 0 {
+	if (op == abi.WRRDMARead || op.IsAtomic()) && w.cost == 0 {
 		if !qp.rdAtomicRoom(w) {
 			return false
 		}
 		w.cost = uint8(qp.rdAtomicCost(w))
 		qp.rdAtomicOut += int(w.cost)
 	}
-	if !qp.resolveLocal(w, op == OpRead || op.isAtomic()) {
+	if !qp.resolveLocal(w, op == abi.WRRDMARead || op.IsAtomic()) {
 		return false
 	}
-	if op == OpRead {
+	if op == abi.WRRDMARead {
 		chunk := uint32(readChunk) * pmtu
 		if !w.filled && (w.reqEnd < w.length || !w.asked) && w.reqEnd <= w.resp+chunk*uint32(qp.piecesAhead()-1) {
 			qp.sendReadRange(w, w.reqEnd)
@@ -168,7 +169,7 @@ func (qp *QP) sendRC(w *sendWQE) bool {
 		qp.finishSent()
 		return true
 	}
-	if op.isAtomic() {
+	if op.IsAtomic() {
 		if !w.filled {
 			qp.sendReadOrAtomic(w)
 		}
@@ -181,14 +182,14 @@ func (qp *QP) sendRC(w *sendWQE) bool {
 	p.BTH.SolicitedEvent = false
 	// SEND and RDMA WRITE: one packet per path MTU.
 	var inline []byte
-	if w.wr.Flags&SendInline != 0 {
+	if w.wr.Flags&abi.SendInline != 0 {
 		inline = w.inline
 	}
 	if qp.local && inline == nil && qp.reqOff == 0 && w.length > pmtu && len(qp.scratch.segs) == 1 {
 		return qp.sendWhole(w, p)
 	}
 	for {
-		if qp.cfg.Type == RC && qp.inflight() >= maxInflight {
+		if qp.cfg.Type == abi.RC && qp.inflight() >= maxInflight {
 			return false
 		}
 		off := qp.reqOff
@@ -196,7 +197,7 @@ func (qp *QP) sendRC(w *sendWQE) bool {
 		first, last := off == 0, off+n >= w.length
 		p.BTH.PSN = w.firstPSN.Add(int(off / pmtu))
 		p.BTH.Opcode = rcOpcode(op, first, last)
-		if qp.cfg.Type == UC {
+		if qp.cfg.Type == abi.UC {
 			p.BTH.Opcode |= roce.TransportUC
 		}
 		info := p.BTH.Opcode.Info()
@@ -209,9 +210,9 @@ func (qp *QP) sendRC(w *sendWQE) bool {
 		if info.Has(roce.HasIETH) {
 			p.IETH = w.wr.Imm
 		}
-		p.BTH.SolicitedEvent = last && w.wr.Flags&SendSolicited != 0
+		p.BTH.SolicitedEvent = last && w.wr.Flags&abi.SendSolicited != 0
 		qp.noAckPkts++
-		p.BTH.AckReq = qp.cfg.Type == RC && (last && qp.lastAsksAck() || qp.noAckPkts >= maxPktsPerAck)
+		p.BTH.AckReq = qp.cfg.Type == abi.RC && (last && qp.lastAsksAck() || qp.noAckPkts >= maxPktsPerAck)
 		if p.BTH.AckReq {
 			qp.noAckPkts = 0
 		}
@@ -219,8 +220,8 @@ func (qp *QP) sendRC(w *sendWQE) bool {
 		qp.psn = p.BTH.PSN.Next()
 		if last {
 			qp.finishSent()
-			if qp.cfg.Type == UC {
-				qp.completeSend(w, WCSuccess)
+			if qp.cfg.Type == abi.UC {
+				qp.completeSend(w, abi.WCSuccess)
 			}
 			return true
 		}
@@ -250,7 +251,7 @@ func (qp *QP) sendWhole(w *sendWQE, p *roce.Packet) bool {
 	if info.Has(roce.HasIETH) {
 		p.IETH = w.wr.Imm
 	}
-	p.BTH.SolicitedEvent = w.wr.Flags&SendSolicited != 0
+	p.BTH.SolicitedEvent = w.wr.Flags&abi.SendSolicited != 0
 	p.BTH.AckReq = true
 	qp.noAckPkts = 0
 	e := qp.e
@@ -280,7 +281,7 @@ func (qp *QP) sendWhole(w *sendWQE, p *roce.Packet) bool {
 // sendReadOrAtomic sends the request of an atomic, or of a READ for the
 // first piece of its data not yet received.
 func (qp *QP) sendReadOrAtomic(w *sendWQE) {
-	if w.wr.Opcode == OpRead {
+	if w.wr.Opcode == abi.WRRDMARead {
 		qp.sendReadRange(w, w.resp)
 		return
 	}
@@ -288,7 +289,7 @@ func (qp *QP) sendReadOrAtomic(w *sendWQE) {
 	p.BTH.SolicitedEvent, p.BTH.AckReq = false, true
 	p.BTH.Opcode = roce.RCFetchAdd
 	p.AtomicETH = roce.AtomicETHFields{VA: w.wr.RemoteAddr, RKey: w.wr.RKey, SwapAdd: w.wr.CompareAdd}
-	if w.wr.Opcode == OpCmpSwap {
+	if w.wr.Opcode == abi.WRAtomicCmpAndSwp {
 		p.BTH.Opcode = roce.RCCompareSwap
 		p.AtomicETH.Compare, p.AtomicETH.SwapAdd = w.wr.CompareAdd, w.wr.Swap
 	}
@@ -314,7 +315,7 @@ func (qp *QP) piecesAhead() int {
 // done, so its pieces asked for again are always among the latest
 // requests the responder remembers.
 func (qp *QP) rdAtomicCost(w *sendWQE) int {
-	if w.wr.Opcode == OpRead && w.length > readChunk*uint32(qp.pmtu) {
+	if w.wr.Opcode == abi.WRRDMARead && w.length > readChunk*uint32(qp.pmtu) {
 		return max(int(qp.attr.MaxRdAtomic), 1)
 	}
 	return 1
@@ -360,7 +361,7 @@ func (qp *QP) lastAsksAck() bool {
 		return true
 	}
 	w := &qp.sq[next%uint64(len(qp.sq))]
-	return w.fail != 0 || w.wr.Opcode == OpRead || w.wr.Opcode.isAtomic()
+	return w.fail != 0 || w.wr.Opcode == abi.WRRDMARead || w.wr.Opcode.IsAtomic()
 }
 
 // finishSent moves on from the WQE whose packets are all sent to the next
@@ -371,17 +372,17 @@ func (qp *QP) finishSent() {
 }
 
 // rcOpcode picks the packet opcode of a SEND or WRITE packet.
-func rcOpcode(op Opcode, first, last bool) roce.Opcode {
+func rcOpcode(op abi.WROpcode, first, last bool) roce.Opcode {
 	switch op {
-	case OpWrite, OpWriteImm:
+	case abi.WRRDMAWrite, abi.WRRDMAWriteWithImm:
 		switch {
-		case first && last && op == OpWriteImm:
+		case first && last && op == abi.WRRDMAWriteWithImm:
 			return roce.RCRDMAWriteOnlyWithImmediate
 		case first && last:
 			return roce.RCRDMAWriteOnly
 		case first:
 			return roce.RCRDMAWriteFirst
-		case last && op == OpWriteImm:
+		case last && op == abi.WRRDMAWriteWithImm:
 			return roce.RCRDMAWriteLastWithImmediate
 		case last:
 			return roce.RCRDMAWriteLast
@@ -389,17 +390,17 @@ func rcOpcode(op Opcode, first, last bool) roce.Opcode {
 		return roce.RCRDMAWriteMiddle
 	}
 	switch {
-	case first && last && op == OpSendImm:
+	case first && last && op == abi.WRSendWithImm:
 		return roce.RCSendOnlyWithImmediate
-	case first && last && op == OpSendInv:
+	case first && last && op == abi.WRSendWithInv:
 		return roce.RCSendOnlyWithInvalidate
 	case first && last:
 		return roce.RCSendOnly
 	case first:
 		return roce.RCSendFirst
-	case last && op == OpSendImm:
+	case last && op == abi.WRSendWithImm:
 		return roce.RCSendLastWithImmediate
-	case last && op == OpSendInv:
+	case last && op == abi.WRSendWithInv:
 		return roce.RCSendLastWithInvalidate
 	case last:
 		return roce.RCSendLast
@@ -428,13 +429,13 @@ func (qp *QP) rewind(psn roce.PSN) {
 			// Every READ from here on is asked for again, from what has
 			// not arrived (IBA 9.7.6.2.2): the responder expects psn next.
 			for j := i; j < qp.sqTl; j++ {
-				if r := &qp.sq[j%uint64(len(qp.sq))]; r.wr.Opcode == OpRead && !r.filled {
+				if r := &qp.sq[j%uint64(len(qp.sq))]; r.wr.Opcode == abi.WRRDMARead && !r.filled {
 					r.reqEnd, r.asked = r.resp, false
 				}
 			}
 			switch {
-			case w.wr.Opcode == OpRead:
-			case w.wr.Opcode.isAtomic():
+			case w.wr.Opcode == abi.WRRDMARead:
+			case w.wr.Opcode.IsAtomic():
 			default:
 				qp.reqOff = uint32(psn.Diff(w.firstPSN)) * uint32(qp.pmtu)
 			}
@@ -452,13 +453,13 @@ func (qp *QP) sendUD(w *sendWQE) {
 		return
 	}
 	if w.length > uint32(qp.pmtu) {
-		qp.completeSendUD(w, WCLocLenErr)
+		qp.completeSendUD(w, abi.WCLocLenErr)
 		return
 	}
 	ah := w.wr.AH
 	src, err := qp.e.sourceAddr(ah.SGIDIndex)
 	if err != nil {
-		qp.completeSendUD(w, WCLocQPOpErr)
+		qp.completeSendUD(w, abi.WCLocQPOpErr)
 		return
 	}
 	qp.src = src
@@ -467,31 +468,31 @@ func (qp *QP) sendUD(w *sendWQE) {
 		p.SrcPort = ah.SrcPort
 	}
 	p.BTH.Opcode = roce.UDSendOnly
-	if w.wr.Opcode == OpSendImm {
+	if w.wr.Opcode == abi.WRSendWithImm {
 		p.BTH.Opcode = roce.UDSendOnlyWithImmediate
 		p.Imm = w.wr.Imm
 	}
 	p.BTH.PSN = qp.psn
-	p.BTH.SolicitedEvent = w.wr.Flags&SendSolicited != 0
+	p.BTH.SolicitedEvent = w.wr.Flags&abi.SendSolicited != 0
 	qkey := w.wr.RemoteQKey
 	if qkey&0x80000000 != 0 { // IBA 10.2.5: take the QP's Q_Key
 		qkey = qp.attr.QKey
 	}
 	p.DETH = roce.DETHFields{QKey: qkey, SrcQP: qp.num}
 	var inline []byte
-	if w.wr.Flags&SendInline != 0 {
+	if w.wr.Flags&abi.SendInline != 0 {
 		inline = w.inline
 	}
 	if p.Src.Is4() != p.Dst.Is4() {
-		qp.completeSendUD(w, WCLocQPOpErr)
+		qp.completeSendUD(w, abi.WCLocQPOpErr)
 		return
 	}
 	qp.buildAndSend(&p, &qp.scratch, inline, 0, w.length)
 	qp.psn = qp.psn.Next()
-	qp.completeSendUD(w, WCSuccess)
+	qp.completeSendUD(w, abi.WCSuccess)
 }
 
-func (qp *QP) completeSendUD(w *sendWQE, st Status) {
+func (qp *QP) completeSendUD(w *sendWQE, st abi.WCStatus) {
 	qp.sqNext++
 	qp.completeSend(w, st)
 }

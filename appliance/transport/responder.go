@@ -4,16 +4,17 @@ import (
 	"time"
 
 	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // respond handles a request packet on the responder side (IBA 9.7.4;
 // rxe's responder): PSN check, execution, acknowledgement.
 func (qp *QP) respond(frame []byte, p *roce.Packet) {
-	if qp.state != StateRTR && qp.state != StateRTS && qp.state != StateSQE {
+	if qp.state != abi.QPSRTR && qp.state != abi.QPSRTS && qp.state != abi.QPSSQE {
 		qp.e.stats.dropped.Add(1)
 		return
 	}
-	if qp.cfg.Type == UD {
+	if qp.cfg.Type == abi.UD {
 		qp.receiveUD(frame, p)
 		return
 	}
@@ -21,12 +22,12 @@ func (qp *QP) respond(frame []byte, p *roce.Packet) {
 	switch {
 	case d < 0:
 		qp.e.stats.dupRequests.Add(1)
-		if qp.cfg.Type == RC {
+		if qp.cfg.Type == abi.RC {
 			qp.duplicate(frame, p)
 		}
 		return
 	case d > 0:
-		if qp.cfg.Type == UC {
+		if qp.cfg.Type == abi.UC {
 			// UC: a lost packet ends the message; start over at this one.
 			qp.inMsg = false
 			qp.ePSN = p.BTH.PSN
@@ -55,7 +56,7 @@ func (qp *QP) respond(frame []byte, p *roce.Packet) {
 	qp.nakSent, qp.nakAt = false, time.Time{}
 	qp.executeInOrder(frame, p)
 	// Packets that overtook this one now follow it.
-	for qp.stash != nil && qp.stash.n > 0 && qp.state != StateErr {
+	for qp.stash != nil && qp.stash.n > 0 && qp.state != abi.QPSErr {
 		f, sp, ok := qp.stash.take(qp.ePSN)
 		if !ok {
 			break
@@ -145,7 +146,7 @@ func (qp *QP) linger(linger time.Duration) {
 // executed is acknowledged). Anything else, and a request to a QP that
 // never had a peer, is dropped.
 func (qp *QP) lingerAnswer(frame []byte, p *roce.Packet) {
-	if qp.cfg.Type != RC || !p.Info().Has(roce.Request) || !qp.tmpl.Dst.IsValid() {
+	if qp.cfg.Type != abi.RC || !p.Info().Has(roce.Request) || !qp.tmpl.Dst.IsValid() {
 		qp.e.stats.dropped.Add(1)
 		return
 	}
@@ -240,7 +241,7 @@ func (s *reorderStash) clear() {
 
 // sendSeqNAK sends the PSN sequence error NAK for the expected PSN.
 func (qp *QP) sendSeqNAK() {
-	if qp.nakSent || qp.state == StateErr {
+	if qp.nakSent || qp.state == abi.QPSErr {
 		return
 	}
 	qp.nakSent, qp.nakAt = true, time.Time{}
@@ -252,17 +253,17 @@ func (qp *QP) sendSeqNAK() {
 // connection (invalid request, remote access or operational error),
 // moves the QP to the error state (IBA 9.9.3.1.3).
 func (qp *QP) nak(code uint8) {
-	if qp.cfg.Type == UC { // UC: drop the message silently (rxe drop_msg)
+	if qp.cfg.Type == abi.UC { // UC: drop the message silently (rxe drop_msg)
 		qp.inMsg = false
 		qp.e.stats.dropped.Add(1)
 		return
 	}
 	qp.e.stats.naksSent.Add(1)
-	if qp.cfg.Type == RC {
+	if qp.cfg.Type == abi.RC {
 		qp.sendAck(qp.ePSN, roce.SyndromeNAK|roce.Syndrome(code))
 	}
 	qp.inMsg = false
-	qp.toError(WCWRFlushErr, false)
+	qp.toError(abi.WCWRFlushErr, false)
 }
 
 // sendAck sends an ACKNOWLEDGE with the given PSN and syndrome.
@@ -298,7 +299,7 @@ func (qp *QP) recvHead() *recvWQE {
 // addRecvLocked queues one receive WQE with the engine's lock held (for
 // Refill); it reports whether there was room.
 func (qp *QP) addRecvLocked(wr RecvWR) bool {
-	if qp.rqTl-qp.rqHead == uint64(len(qp.rq)) || len(wr.SGL) > maxSGE || qp.state == StateReset || qp.state == StateErr {
+	if qp.rqTl-qp.rqHead == uint64(len(qp.rq)) || len(wr.SGL) > maxSGE || qp.state == abi.QPSReset || qp.state == abi.QPSErr {
 		return false
 	}
 	w := &qp.rq[qp.rqTl%uint64(len(qp.rq))]
@@ -321,7 +322,7 @@ func (qp *QP) consumeRecv() {
 // rnr answers a request that needs a receive WQE when there is none: an
 // RNR NAK with the QP's min_rnr_timer; the PSN is not consumed.
 func (qp *QP) rnr() {
-	if qp.cfg.Type == UC {
+	if qp.cfg.Type == abi.UC {
 		qp.inMsg = false
 		qp.e.stats.dropped.Add(1)
 		return
@@ -360,11 +361,11 @@ func (qp *QP) sendOrWrite(frame []byte, p *roce.Packet) {
 	if first {
 		qp.msgSend, qp.msgOff = isSend, 0
 		if !isSend {
-			if qp.attr.Access&AccessRemoteWrite == 0 {
+			if qp.attr.Access&abi.AccessRemoteWrite == 0 {
 				qp.nak(roce.NAKRemoteAccessError)
 				return
 			}
-			if _, ok := qp.e.mem.remote(qp.cfg.PD, p.RETH.RKey, p.RETH.VA, p.RETH.DMALen, AccessRemoteWrite); !ok {
+			if _, ok := qp.e.mem.remote(qp.cfg.PD, p.RETH.RKey, p.RETH.VA, p.RETH.DMALen, abi.AccessRemoteWrite); !ok {
 				qp.nak(roce.NAKRemoteAccessError)
 				return
 			}
@@ -374,12 +375,12 @@ func (qp *QP) sendOrWrite(frame []byte, p *roce.Packet) {
 	if isSend {
 		w := qp.recvHead()
 		if !qp.e.mem.resolve(qp.cfg.PD, w.sges(), true, &qp.scratch) {
-			qp.recvError(w, WCLocProtErr)
+			qp.recvError(w, abi.WCLocProtErr)
 			qp.nak(roce.NAKRemoteOperationError)
 			return
 		}
 		if qp.msgOff+uint32(len(payload)) > qp.scratch.total {
-			qp.recvError(w, WCLocLenErr)
+			qp.recvError(w, abi.WCLocLenErr)
 			qp.nak(roce.NAKInvalidRequest)
 			return
 		}
@@ -392,7 +393,7 @@ func (qp *QP) sendOrWrite(frame []byte, p *roce.Packet) {
 		// The target is looked up again for each packet: no slice of a
 		// region outlives the engine's lock, so a region deregistered in
 		// the middle of a message is refused, never written after.
-		dst, ok := qp.e.mem.remote(qp.cfg.PD, qp.msgRKey, qp.msgVA+uint64(qp.msgOff), uint32(len(payload)), AccessRemoteWrite)
+		dst, ok := qp.e.mem.remote(qp.cfg.PD, qp.msgRKey, qp.msgVA+uint64(qp.msgOff), uint32(len(payload)), abi.AccessRemoteWrite)
 		if !ok {
 			qp.nak(roce.NAKRemoteAccessError)
 			return
@@ -403,7 +404,7 @@ func (qp *QP) sendOrWrite(frame []byte, p *roce.Packet) {
 		// IBA 10.6.7.2 and the class J responder error: an R_Key the
 		// responder cannot invalidate fails the receive WQE with a remote
 		// invalid request error, NAKs the request and ends the QP.
-		qp.recvError(qp.recvHead(), WCRemInvReqErr)
+		qp.recvError(qp.recvHead(), abi.WCRemInvReqErr)
 		qp.nak(roce.NAKInvalidRequest)
 		return
 	}
@@ -414,22 +415,22 @@ func (qp *QP) sendOrWrite(frame []byte, p *roce.Packet) {
 		qp.msn++
 		if needRecv {
 			w := qp.recvHead()
-			wc := WC{ID: w.id, Status: WCSuccess, Opcode: WCRecv, ByteLen: qp.msgOff, QPNum: qp.num}
+			wc := WC{ID: w.id, Status: abi.WCSuccess, Opcode: abi.WCRecv, ByteLen: qp.msgOff, QPNum: qp.num}
 			if !isSend {
-				wc.Opcode = WCRecvRDMAImm
+				wc.Opcode = abi.WCRecvRDMAImm
 			}
 			if info.Has(roce.HasImmDt) {
-				wc.Imm, wc.Flags = p.Imm, WCWithImm
+				wc.Imm, wc.Flags = p.Imm, abi.WCWithImm
 			}
 			if info.Has(roce.HasIETH) {
-				wc.Imm, wc.Flags = p.IETH, WCWithInv
+				wc.Imm, wc.Flags = p.IETH, abi.WCWithInv
 			}
 			qp.consumeRecv()
 			qp.cfg.RecvCQ.push(&wc)
 			qp.notify(qp.cfg.RecvCQ)
 		}
 	}
-	if qp.cfg.Type == RC {
+	if qp.cfg.Type == abi.RC {
 		// The acknowledgement of a message that completed a receive may
 		// wait for the answer its client may post (Config.AckDelay).
 		qp.e.lazyAck = last && needRecv
@@ -443,8 +444,8 @@ func (qp *QP) sendOrWrite(frame []byte, p *roce.Packet) {
 }
 
 // recvError completes the receive WQE w with an error status.
-func (qp *QP) recvError(w *recvWQE, st Status) {
-	wc := WC{ID: w.id, Status: st, Opcode: WCRecv, QPNum: qp.num}
+func (qp *QP) recvError(w *recvWQE, st abi.WCStatus) {
+	wc := WC{ID: w.id, Status: st, Opcode: abi.WCRecv, QPNum: qp.num}
 	qp.consumeRecv()
 	qp.cfg.RecvCQ.push(&wc)
 }
@@ -453,12 +454,12 @@ func (qp *QP) recvError(w *recvWQE, st Status) {
 // request's PSNs from psn on. fresh is false for a duplicate re-executed.
 // It reports whether it answered with the data.
 func (qp *QP) read(p *roce.Packet, psn roce.PSN, fresh bool) bool {
-	if fresh && qp.attr.Access&AccessRemoteRead == 0 {
+	if fresh && qp.attr.Access&abi.AccessRemoteRead == 0 {
 		qp.nak(roce.NAKRemoteAccessError)
 		return false
 	}
 	length := p.RETH.DMALen
-	buf, ok := qp.e.mem.remote(qp.cfg.PD, p.RETH.RKey, p.RETH.VA, length, AccessRemoteRead)
+	buf, ok := qp.e.mem.remote(qp.cfg.PD, p.RETH.RKey, p.RETH.VA, length, abi.AccessRemoteRead)
 	if !ok {
 		if fresh {
 			qp.nak(roce.NAKRemoteAccessError)
@@ -506,11 +507,11 @@ func (qp *QP) atomic(p *roce.Packet) {
 		qp.nak(roce.NAKInvalidRequest) // rxe: misaligned atomic, class C
 		return
 	}
-	if qp.attr.Access&AccessRemoteAtomic == 0 {
+	if qp.attr.Access&abi.AccessRemoteAtomic == 0 {
 		qp.nak(roce.NAKRemoteAccessError)
 		return
 	}
-	buf, ok := qp.e.mem.remote(qp.cfg.PD, a.RKey, a.VA, 8, AccessRemoteAtomic)
+	buf, ok := qp.e.mem.remote(qp.cfg.PD, a.RKey, a.VA, 8, abi.AccessRemoteAtomic)
 	if !ok {
 		qp.nak(roce.NAKRemoteAccessError)
 		return
@@ -599,13 +600,13 @@ func (qp *QP) receiveUD(frame []byte, p *roce.Packet) {
 	}
 	const grh = 40
 	if !qp.e.mem.resolve(qp.cfg.PD, w.sges(), true, &qp.scratch) {
-		qp.recvError(w, WCLocProtErr)
+		qp.recvError(w, abi.WCLocProtErr)
 		qp.notify(qp.cfg.RecvCQ)
 		return
 	}
 	payload := p.Payload(frame)
 	if qp.scratch.total < grh+uint32(len(payload)) {
-		qp.recvError(w, WCLocLenErr)
+		qp.recvError(w, abi.WCLocLenErr)
 		qp.notify(qp.cfg.RecvCQ)
 		return
 	}
@@ -617,10 +618,10 @@ func (qp *QP) receiveUD(frame []byte, p *roce.Packet) {
 	}
 	qp.scratch.copyIn(area[:], 0)
 	qp.scratch.copyIn(payload, grh)
-	wc := WC{ID: w.id, Status: WCSuccess, Opcode: WCRecv, ByteLen: grh + uint32(len(payload)),
-		QPNum: qp.num, SrcQP: p.DETH.SrcQP, Flags: WCGRH}
+	wc := WC{ID: w.id, Status: abi.WCSuccess, Opcode: abi.WCRecv, ByteLen: grh + uint32(len(payload)),
+		QPNum: qp.num, SrcQP: p.DETH.SrcQP, Flags: abi.WCGRH}
 	if p.Info().Has(roce.HasImmDt) {
-		wc.Imm, wc.Flags = p.Imm, wc.Flags|WCWithImm
+		wc.Imm, wc.Flags = p.Imm, wc.Flags|abi.WCWithImm
 	}
 	qp.consumeRecv()
 	qp.cfg.RecvCQ.push(&wc)

@@ -12,6 +12,7 @@ import (
 	"github.com/taproce/taproce/appliance/capture"
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/internal/impair"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // rxeFramesFile holds eight frames of Linux Soft-RoCE (rdma_rxe, kernel
@@ -24,7 +25,7 @@ const rxeFramesFile = "testdata/rxe-frames.pcap"
 // captured connections (shared/vectors/README.md); single-packet frames do
 // not show them.
 const (
-	rxePathMTU   = roce.MTU1024
+	rxePathMTU   = abi.MTU1024
 	rxeNetdevMTU = 1500
 )
 
@@ -154,52 +155,52 @@ func rxeExchange(t *testing.T, qpn uint32, req, resp []byte) (ourReq, ourResp []
 	ma, mb := s.a.eng.Memory(), s.b.eng.Memory()
 	pda, pdb := ma.NewPD(), mb.NewPD()
 	bufa := make([]byte, 4096)
-	mra, err := ma.Register(pda, local, bufa, AccessLocalWrite)
+	mra, err := ma.Register(pda, local, bufa, abi.AccessLocalWrite)
 	must(t, err)
 	cqa, cqb := NewCQ(16, nil), NewCQ(16, nil)
-	qa := createQPNum(t, s.a.eng, QPConfig{Type: RC, PD: pda, SendCQ: cqa, RecvCQ: cqa, MaxSendWR: 16, MaxRecvWR: 16}, qpn)
-	qb := createQPNum(t, s.b.eng, QPConfig{Type: RC, PD: pdb, SendCQ: cqb, RecvCQ: cqb, MaxSendWR: 16, MaxRecvWR: 16}, rq.BTH.DestQP)
+	qa := createQPNum(t, s.a.eng, QPConfig{Type: abi.RC, PD: pda, SendCQ: cqa, RecvCQ: cqa, MaxSendWR: 16, MaxRecvWR: 16}, qpn)
+	qb := createQPNum(t, s.b.eng, QPConfig{Type: abi.RC, PD: pdb, SendCQ: cqb, RecvCQ: cqb, MaxSendWR: 16, MaxRecvWR: 16}, rq.BTH.DestQP)
 	// The requester's first PSN is the request's, and so is the PSN the
 	// responder expects; the other direction carries no requests.
 	rxeConnect(t, qa, s.b, rq.BTH.DestQP, 0, rq.BTH.PSN)
 	rxeConnect(t, qb, s.a, qpn, rq.BTH.PSN, 0)
 
-	wr := SendWR{ID: 1, Flags: SendSignaled}
+	wr := SendWR{ID: 1, Flags: abi.SendSignaled}
 	if rq.BTH.SolicitedEvent {
-		wr.Flags |= SendSolicited
+		wr.Flags |= abi.SendSolicited
 	}
 	payload := rq.Payload(req)
 	copy(bufa, payload)
 	wr.SGL = []SGE{{Addr: local, Length: uint32(len(payload)), LKey: mra.LKey}}
 	switch rq.BTH.Opcode {
 	case roce.RCSendOnly:
-		wr.Opcode = OpSend
-		mrb, err := mb.Register(pdb, local, make([]byte, 4096), AccessLocalWrite)
+		wr.Opcode = abi.WRSend
+		mrb, err := mb.Register(pdb, local, make([]byte, 4096), abi.AccessLocalWrite)
 		must(t, err)
 		_, err = qb.PostRecv([]RecvWR{{ID: 1, SGL: []SGE{{Addr: local, Length: 4096, LKey: mrb.LKey}}}})
 		must(t, err)
 	case roce.RCRDMAWriteOnly:
-		wr.Opcode, wr.RemoteAddr, wr.RKey = OpWrite, rq.RETH.VA, rq.RETH.RKey
-		registerWithRKey(t, mb, pdb, rq.RETH.VA, make([]byte, rq.RETH.DMALen), AccessLocalWrite|AccessRemoteWrite, rq.RETH.RKey)
+		wr.Opcode, wr.RemoteAddr, wr.RKey = abi.WRRDMAWrite, rq.RETH.VA, rq.RETH.RKey
+		registerWithRKey(t, mb, pdb, rq.RETH.VA, make([]byte, rq.RETH.DMALen), abi.AccessLocalWrite|abi.AccessRemoteWrite, rq.RETH.RKey)
 	case roce.RCRDMAReadRequest:
-		wr.Opcode, wr.RemoteAddr, wr.RKey = OpRead, rq.RETH.VA, rq.RETH.RKey
+		wr.Opcode, wr.RemoteAddr, wr.RKey = abi.WRRDMARead, rq.RETH.VA, rq.RETH.RKey
 		wr.SGL[0].Length = rq.RETH.DMALen
 		data := make([]byte, rq.RETH.DMALen)
 		if resp != nil {
 			copy(data, rs.Payload(resp))
 		}
-		registerWithRKey(t, mb, pdb, rq.RETH.VA, data, AccessRemoteRead, rq.RETH.RKey)
+		registerWithRKey(t, mb, pdb, rq.RETH.VA, data, abi.AccessRemoteRead, rq.RETH.RKey)
 	case roce.RCCompareSwap, roce.RCFetchAdd:
 		a := rq.AtomicETH
-		wr.Opcode, wr.RemoteAddr, wr.RKey = OpCmpSwap, a.VA, a.RKey
+		wr.Opcode, wr.RemoteAddr, wr.RKey = abi.WRAtomicCmpAndSwp, a.VA, a.RKey
 		wr.CompareAdd, wr.Swap = a.Compare, a.SwapAdd
 		if rq.BTH.Opcode == roce.RCFetchAdd {
-			wr.Opcode, wr.CompareAdd, wr.Swap = OpFetchAdd, a.SwapAdd, 0
+			wr.Opcode, wr.CompareAdd, wr.Swap = abi.WRAtomicFetchAdd, a.SwapAdd, 0
 		}
 		wr.SGL[0].Length = 8
 		target := make([]byte, 8)
 		putUint64(target, rs.AtomicAck) // the original value rxe's answer returns
-		registerWithRKey(t, mb, pdb, a.VA, target, AccessLocalWrite|AccessRemoteAtomic, a.RKey)
+		registerWithRKey(t, mb, pdb, a.VA, target, abi.AccessLocalWrite|abi.AccessRemoteAtomic, a.RKey)
 	default:
 		t.Fatalf("no work request makes a %v", rq.BTH.Opcode)
 	}
@@ -207,7 +208,7 @@ func rxeExchange(t *testing.T, qpn uint32, req, resp []byte) (ourReq, ourResp []
 	must(t, err)
 	var wcs []WC
 	s.run(1000, func() bool { wcs = append(wcs, poll(cqa)...); return len(wcs) == 1 })
-	if wcs[0].Status != WCSuccess {
+	if wcs[0].Status != abi.WCSuccess {
 		t.Fatalf("%v completed with %v", wr.Opcode, wcs[0].Status)
 	}
 	if len(sentA) != 1 || len(sentB) != 1 {
@@ -248,19 +249,19 @@ func rxeConnect(t *testing.T, qp *QP, peer *simPort, dqpn uint32, rq, sq roce.PS
 	if peer.ip.Is6() {
 		av.SGIDIndex = 0
 	}
-	must(t, qp.Modify(&QPAttr{State: StateInit, Port: 1, Access: AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic},
-		AttrState|AttrPKeyIndex|AttrPort|AttrAccessFlags))
-	must(t, qp.Modify(&QPAttr{State: StateRTR, AV: av, PathMTU: rxePathMTU, DestQPN: dqpn, RQPSN: rq, MaxDestRdAtomic: 16, MinRNRTimer: 12},
-		AttrState|AttrAV|AttrPathMTU|AttrDestQPN|AttrRQPSN|AttrMaxDestRdAtomic|AttrMinRNRTimer))
-	must(t, qp.Modify(&QPAttr{State: StateRTS, SQPSN: sq, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16},
-		AttrState|AttrSQPSN|AttrTimeout|AttrRetryCnt|AttrRNRRetry|AttrMaxQPRdAtomic))
+	must(t, qp.Modify(&QPAttr{State: abi.QPSInit, Port: 1, Access: abi.AccessLocalWrite | abi.AccessRemoteWrite | abi.AccessRemoteRead | abi.AccessRemoteAtomic},
+		abi.QPStateMask|abi.QPPKeyIndex|abi.QPPort|abi.QPAccessFlags))
+	must(t, qp.Modify(&QPAttr{State: abi.QPSRTR, AV: av, PathMTU: rxePathMTU, DestQPN: dqpn, RQPSN: rq, MaxDestRdAtomic: 16, MinRNRTimer: 12},
+		abi.QPStateMask|abi.QPAV|abi.QPPathMTU|abi.QPDestQPN|abi.QPRQPSN|abi.QPMaxDestRdAtomic|abi.QPMinRNRTimer))
+	must(t, qp.Modify(&QPAttr{State: abi.QPSRTS, SQPSN: sq, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16},
+		abi.QPStateMask|abi.QPSQPSN|abi.QPTimeout|abi.QPRetryCnt|abi.QPRNRRetry|abi.QPMaxQPRdAtomic))
 }
 
 // registerWithRKey registers buf at va as a region of pd whose L_Key and
 // R_Key are key. Memory.Register picks keys itself; the region takes the
 // R_Key of rxe's request here, so that our request carries the same and the
 // responder finds the region by it.
-func registerWithRKey(t *testing.T, m *Memory, pd *PD, va uint64, buf []byte, access Access, key uint32) *MR {
+func registerWithRKey(t *testing.T, m *Memory, pd *PD, va uint64, buf []byte, access abi.Access, key uint32) *MR {
 	t.Helper()
 	mr, err := m.Register(pd, va, buf, access)
 	must(t, err)

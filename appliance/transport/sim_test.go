@@ -12,6 +12,7 @@ import (
 
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/internal/impair"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // The simulation: two engines joined by an in-memory link that can lose,
@@ -166,11 +167,11 @@ type conn struct {
 }
 
 type connOpts struct {
-	pmtu                roce.MTU
+	pmtu                abi.MTU
 	retry, rnr, timeout uint8
 	psnA, psnB          roce.PSN
 	size                int
-	access              Access
+	access              abi.Access
 	rd                  uint8 // max_rd_atomic and max_dest_rd_atomic (16)
 	// av, when set, gives the address vector towards peer (default: its
 	// IPv4 address from GID index 1).
@@ -180,7 +181,7 @@ type connOpts struct {
 func (s *sim) connect(o connOpts) *conn {
 	s.t.Helper()
 	if o.pmtu == 0 {
-		o.pmtu = roce.MTU1024
+		o.pmtu = abi.MTU1024
 	}
 	if o.timeout == 0 {
 		o.timeout = 14 // 67 ms
@@ -192,18 +193,18 @@ func (s *sim) connect(o connOpts) *conn {
 		o.rd = 16
 	}
 	if o.access == 0 {
-		o.access = AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic
+		o.access = abi.AccessLocalWrite | abi.AccessRemoteWrite | abi.AccessRemoteRead | abi.AccessRemoteAtomic
 	}
 	c := &conn{}
 	side := func(p *simPort, buf *[]byte, pd **PD, mr **MR, cq, rcq **CQ) *QP {
 		*pd = p.eng.Memory().NewPD()
 		*buf = make([]byte, o.size)
 		var err error
-		if *mr, err = p.eng.Memory().Register(*pd, 0x10000, *buf, AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead|AccessRemoteAtomic); err != nil {
+		if *mr, err = p.eng.Memory().Register(*pd, 0x10000, *buf, abi.AccessLocalWrite|abi.AccessRemoteWrite|abi.AccessRemoteRead|abi.AccessRemoteAtomic); err != nil {
 			s.t.Fatal(err)
 		}
 		*cq, *rcq = NewCQ(4096, nil), NewCQ(4096, nil)
-		qp, err := p.eng.CreateQP(QPConfig{Type: RC, PD: *pd, SendCQ: *cq, RecvCQ: *rcq, MaxSendWR: 1024, MaxRecvWR: 1024, MaxInline: 64})
+		qp, err := p.eng.CreateQP(QPConfig{Type: abi.RC, PD: *pd, SendCQ: *cq, RecvCQ: *rcq, MaxSendWR: 1024, MaxRecvWR: 1024, MaxInline: 64})
 		if err != nil {
 			s.t.Fatal(err)
 		}
@@ -217,12 +218,12 @@ func (s *sim) connect(o connOpts) *conn {
 		}
 	}
 	up := func(qp *QP, peer *simPort, dqpn uint32, rq, sq roce.PSN) {
-		must(s.t, qp.Modify(&QPAttr{State: StateInit, Port: 1, Access: o.access}, AttrState|AttrPKeyIndex|AttrPort|AttrAccessFlags))
-		must(s.t, qp.Modify(&QPAttr{State: StateRTR, AV: o.av(peer),
+		must(s.t, qp.Modify(&QPAttr{State: abi.QPSInit, Port: 1, Access: o.access}, abi.QPStateMask|abi.QPPKeyIndex|abi.QPPort|abi.QPAccessFlags))
+		must(s.t, qp.Modify(&QPAttr{State: abi.QPSRTR, AV: o.av(peer),
 			PathMTU: o.pmtu, DestQPN: dqpn, RQPSN: rq, MaxDestRdAtomic: o.rd, MinRNRTimer: 1},
-			AttrState|AttrAV|AttrPathMTU|AttrDestQPN|AttrRQPSN|AttrMaxDestRdAtomic|AttrMinRNRTimer))
-		must(s.t, qp.Modify(&QPAttr{State: StateRTS, SQPSN: sq, Timeout: o.timeout, RetryCnt: o.retry, RNRRetry: o.rnr, MaxRdAtomic: o.rd},
-			AttrState|AttrSQPSN|AttrTimeout|AttrRetryCnt|AttrRNRRetry|AttrMaxQPRdAtomic))
+			abi.QPStateMask|abi.QPAV|abi.QPPathMTU|abi.QPDestQPN|abi.QPRQPSN|abi.QPMaxDestRdAtomic|abi.QPMinRNRTimer))
+		must(s.t, qp.Modify(&QPAttr{State: abi.QPSRTS, SQPSN: sq, Timeout: o.timeout, RetryCnt: o.retry, RNRRetry: o.rnr, MaxRdAtomic: o.rd},
+			abi.QPStateMask|abi.QPSQPSN|abi.QPTimeout|abi.QPRetryCnt|abi.QPRNRRetry|abi.QPMaxQPRdAtomic))
 	}
 	up(c.qa, s.b, c.qb.Num(), o.psnB, o.psnA)
 	up(c.qb, s.a, c.qa.Num(), o.psnA, o.psnB)
@@ -263,18 +264,18 @@ func TestBasicOps(t *testing.T) {
 	putUint64(c.bufb[0x60000:], 40)
 	putUint64(c.bufb[0x60008:], 7)
 	wrs := []SendWR{
-		{ID: 1, Opcode: OpSend, Flags: SendSignaled, SGL: []SGE{{Addr: 0x10000, Length: 5000, LKey: c.mra.LKey}}},
-		{ID: 2, Opcode: OpWriteImm, Flags: SendSignaled, Imm: 0xabcdef, SGL: []SGE{{Addr: 0x10000 + 100, Length: 3000, LKey: c.mra.LKey}}, RemoteAddr: 0x10000 + 0x70000, RKey: c.mrb.RKey},
-		{ID: 3, Opcode: OpRead, Flags: SendSignaled, SGL: []SGE{{Addr: 0x10000 + 0x20000, Length: 10000, LKey: c.mra.LKey}}, RemoteAddr: 0x10000 + 0x8000, RKey: c.mrb.RKey},
-		{ID: 4, Opcode: OpFetchAdd, Flags: SendSignaled, SGL: []SGE{{Addr: 0x10000 + 0x30000, Length: 8, LKey: c.mra.LKey}}, RemoteAddr: 0x10000 + 0x60000, RKey: c.mrb.RKey, CompareAdd: 2},
-		{ID: 5, Opcode: OpCmpSwap, Flags: SendSignaled, SGL: []SGE{{Addr: 0x10000 + 0x30008, Length: 8, LKey: c.mra.LKey}}, RemoteAddr: 0x10000 + 0x60008, RKey: c.mrb.RKey, CompareAdd: 7, Swap: 99},
+		{ID: 1, Opcode: abi.WRSend, Flags: abi.SendSignaled, SGL: []SGE{{Addr: 0x10000, Length: 5000, LKey: c.mra.LKey}}},
+		{ID: 2, Opcode: abi.WRRDMAWriteWithImm, Flags: abi.SendSignaled, Imm: 0xabcdef, SGL: []SGE{{Addr: 0x10000 + 100, Length: 3000, LKey: c.mra.LKey}}, RemoteAddr: 0x10000 + 0x70000, RKey: c.mrb.RKey},
+		{ID: 3, Opcode: abi.WRRDMARead, Flags: abi.SendSignaled, SGL: []SGE{{Addr: 0x10000 + 0x20000, Length: 10000, LKey: c.mra.LKey}}, RemoteAddr: 0x10000 + 0x8000, RKey: c.mrb.RKey},
+		{ID: 4, Opcode: abi.WRAtomicFetchAdd, Flags: abi.SendSignaled, SGL: []SGE{{Addr: 0x10000 + 0x30000, Length: 8, LKey: c.mra.LKey}}, RemoteAddr: 0x10000 + 0x60000, RKey: c.mrb.RKey, CompareAdd: 2},
+		{ID: 5, Opcode: abi.WRAtomicCmpAndSwp, Flags: abi.SendSignaled, SGL: []SGE{{Addr: 0x10000 + 0x30008, Length: 8, LKey: c.mra.LKey}}, RemoteAddr: 0x10000 + 0x60008, RKey: c.mrb.RKey, CompareAdd: 7, Swap: 99},
 	}
 	_, err = c.qa.PostSend(wrs)
 	must(t, err)
 	var got []WC
 	s.run(100000, func() bool { got = append(got, poll(c.cqa)...); return len(got) == 5 })
 	for i, wc := range got {
-		if wc.Status != WCSuccess || wc.ID != uint64(i+1) {
+		if wc.Status != abi.WCSuccess || wc.ID != uint64(i+1) {
 			t.Fatalf("completion %d: %+v", i, wc)
 		}
 	}
@@ -294,8 +295,8 @@ func TestBasicOps(t *testing.T) {
 		t.Errorf("CMP_SWAP: orig %d, now %d", getUint64(c.bufa[0x30008:]), getUint64(c.bufb[0x60008:]))
 	}
 	recv := poll(c.rcqb)
-	if len(recv) != 2 || recv[0].ID != 100 || recv[0].ByteLen != 5000 || recv[0].Opcode != WCRecv ||
-		recv[1].ID != 101 || recv[1].Opcode != WCRecvRDMAImm || recv[1].Imm != 0xabcdef || recv[1].ByteLen != 3000 {
+	if len(recv) != 2 || recv[0].ID != 100 || recv[0].ByteLen != 5000 || recv[0].Opcode != abi.WCRecv ||
+		recv[1].ID != 101 || recv[1].Opcode != abi.WCRecvRDMAImm || recv[1].Imm != 0xabcdef || recv[1].ByteLen != 3000 {
 		t.Fatalf("receive completions %+v", recv)
 	}
 }
@@ -319,7 +320,7 @@ func workload(t *testing.T, s *sim, c *conn, n int, r *rand.Rand) {
 	counter := 3 * n * slot // B's atomic counter
 	putUint64(c.bufb[counter:], 1000)
 	type msg struct {
-		op   Opcode
+		op   abi.WROpcode
 		size int
 	}
 	var msgs []msg
@@ -329,36 +330,36 @@ func workload(t *testing.T, s *sim, c *conn, n int, r *rand.Rand) {
 	expect := uint64(1000)
 	var origs []uint64
 	for i := 0; i < n; i++ {
-		ops := []Opcode{OpSend, OpSendImm, OpWrite, OpWriteImm, OpRead, OpFetchAdd, OpCmpSwap}
+		ops := []abi.WROpcode{abi.WRSend, abi.WRSendWithImm, abi.WRRDMAWrite, abi.WRRDMAWriteWithImm, abi.WRRDMARead, abi.WRAtomicFetchAdd, abi.WRAtomicCmpAndSwp}
 		op := ops[r.IntN(len(ops))]
 		size := r.IntN(20000)
 		if r.IntN(8) == 0 {
 			size = r.IntN(3) // tiny and empty messages
 		}
-		if op.isAtomic() {
+		if op.IsAtomic() {
 			size = 8
 		}
 		src := SGE{Addr: base + uint64(i*slot), Length: uint32(size), LKey: c.mra.LKey}
-		wr := SendWR{ID: uint64(i), Opcode: op, Flags: SendSignaled, SGL: []SGE{src}, Imm: uint32(i)}
+		wr := SendWR{ID: uint64(i), Opcode: op, Flags: abi.SendSignaled, SGL: []SGE{src}, Imm: uint32(i)}
 		switch op {
-		case OpSend, OpSendImm:
+		case abi.WRSend, abi.WRSendWithImm:
 			sends = append(sends, i)
 			recvs = append(recvs, RecvWR{ID: uint64(i), SGL: []SGE{{Addr: base + uint64(n*slot+i*slot), Length: slot, LKey: c.mrb.LKey}}})
-		case OpWrite, OpWriteImm:
+		case abi.WRRDMAWrite, abi.WRRDMAWriteWithImm:
 			wr.RemoteAddr, wr.RKey = base+uint64(n*slot+i*slot), c.mrb.RKey
-			if op == OpWriteImm {
+			if op == abi.WRRDMAWriteWithImm {
 				sends = append(sends, i)
 				recvs = append(recvs, RecvWR{ID: uint64(i)})
 			}
-		case OpRead:
+		case abi.WRRDMARead:
 			wr.SGL[0].Addr = base + uint64(4*n*slot+i*slot)
 			wr.RemoteAddr, wr.RKey = base+uint64(rd+i*slot), c.mrb.RKey
-		case OpFetchAdd:
+		case abi.WRAtomicFetchAdd:
 			wr.SGL[0].Addr = base + uint64(4*n*slot+i*slot)
 			wr.RemoteAddr, wr.RKey, wr.CompareAdd = base+uint64(counter), c.mrb.RKey, uint64(i+1)
 			origs = append(origs, expect)
 			expect += uint64(i + 1)
-		case OpCmpSwap:
+		case abi.WRAtomicCmpAndSwp:
 			wr.SGL[0].Addr = base + uint64(4*n*slot+i*slot)
 			wr.RemoteAddr, wr.RKey, wr.CompareAdd, wr.Swap = base+uint64(counter), c.mrb.RKey, expect, expect*3
 			origs = append(origs, expect)
@@ -376,7 +377,7 @@ func workload(t *testing.T, s *sim, c *conn, n int, r *rand.Rand) {
 	}
 	s.run(5_000_000, func() bool { done = append(done, poll(c.cqa)...); return len(done) == n })
 	for i, wc := range done {
-		if wc.ID != uint64(i) || wc.Status != WCSuccess {
+		if wc.ID != uint64(i) || wc.Status != abi.WCSuccess {
 			t.Fatalf("seed %d: send completion %d: %+v (%v)", s.seed, i, wc, wc.Status)
 		}
 	}
@@ -386,23 +387,23 @@ func workload(t *testing.T, s *sim, c *conn, n int, r *rand.Rand) {
 	for i, m := range msgs {
 		off := i * slot
 		switch m.op {
-		case OpSend, OpSendImm, OpWriteImm:
+		case abi.WRSend, abi.WRSendWithImm, abi.WRRDMAWriteWithImm:
 			wc := recv[k]
 			k++
-			if wc.ID != uint64(i) || wc.Status != WCSuccess || int(wc.ByteLen) != m.size {
+			if wc.ID != uint64(i) || wc.Status != abi.WCSuccess || int(wc.ByteLen) != m.size {
 				t.Fatalf("seed %d: receive completion for message %d: %+v", s.seed, i, wc)
 			}
-			if m.op != OpSend && (wc.Flags&WCWithImm == 0 || wc.Imm != uint32(i)) {
+			if m.op != abi.WRSend && (wc.Flags&abi.WCWithImm == 0 || wc.Imm != uint32(i)) {
 				t.Fatalf("seed %d: message %d: immediate %+v", s.seed, i, wc)
 			}
 			if !bytes.Equal(c.bufb[n*slot+off:n*slot+off+m.size], c.bufa[off:off+m.size]) {
 				t.Fatalf("seed %d: message %d (%v, %d bytes): data differs", s.seed, i, m.op, m.size)
 			}
-		case OpWrite:
+		case abi.WRRDMAWrite:
 			if !bytes.Equal(c.bufb[n*slot+off:n*slot+off+m.size], c.bufa[off:off+m.size]) {
 				t.Fatalf("seed %d: WRITE %d (%d bytes): data differs", s.seed, i, m.size)
 			}
-		case OpRead:
+		case abi.WRRDMARead:
 			if !bytes.Equal(c.bufa[4*n*slot+off:4*n*slot+off+m.size], c.bufb[rd+off:rd+off+m.size]) {
 				t.Fatalf("seed %d: READ %d (%d bytes): data differs", s.seed, i, m.size)
 			}
@@ -410,7 +411,7 @@ func workload(t *testing.T, s *sim, c *conn, n int, r *rand.Rand) {
 	}
 	j := 0
 	for i, m := range msgs {
-		if m.op.isAtomic() {
+		if m.op.IsAtomic() {
 			if got := getUint64(c.bufa[4*n*slot+i*slot:]); got != origs[j] {
 				t.Fatalf("seed %d: atomic %d returned %d, want %d", s.seed, i, got, origs[j])
 			}
@@ -449,7 +450,7 @@ func TestLossyMatrix(t *testing.T) {
 				s := newSim(t, spec, 1500)
 				// Even seeds use the smallest path MTU, so that the longer
 				// READs are asked for in several pieces.
-				pmtu := []roce.MTU{roce.MTU1024, roce.MTU256}[seed%2]
+				pmtu := []abi.MTU{abi.MTU1024, abi.MTU256}[seed%2]
 				c := s.connect(connOpts{size: 8 << 20, retry: 7, rnr: 7, pmtu: pmtu})
 				workload(t, s, c, 40, rand.New(rand.NewPCG(seed, 99)))
 			})
@@ -463,7 +464,7 @@ func TestPSNWrap(t *testing.T) {
 	s := newSim(t, spec, 1500)
 	c := s.connect(connOpts{size: 8 << 20, retry: 7, rnr: 7, psnA: roce.PSNMask - 20, psnB: roce.PSNMask - 3})
 	workload(t, s, c, 40, rand.New(rand.NewPCG(5, 5)))
-	if c.qa.Attr().State != StateRTS {
+	if c.qa.Attr().State != abi.QPSRTS {
 		t.Fatal("QP left RTS")
 	}
 }

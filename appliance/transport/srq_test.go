@@ -4,8 +4,8 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/internal/impair"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // TestSRQ: two QPs of B take receive WQEs from one SRQ in order; the
@@ -17,9 +17,9 @@ func TestSRQ(t *testing.T) {
 	ea, eb := s.a.eng, s.b.eng
 	pda, pdb := ea.Memory().NewPD(), eb.Memory().NewPD()
 	bufa, bufb := make([]byte, 1<<16), make([]byte, 1<<16)
-	mra, err := ea.Memory().Register(pda, base, bufa, AccessLocalWrite)
+	mra, err := ea.Memory().Register(pda, base, bufa, abi.AccessLocalWrite)
 	must(t, err)
-	mrb, err := eb.Memory().Register(pdb, base, bufb, AccessLocalWrite)
+	mrb, err := eb.Memory().Register(pdb, base, bufb, abi.AccessLocalWrite)
 	must(t, err)
 	limits := 0
 	var recvRetired uint64
@@ -30,20 +30,20 @@ func TestSRQ(t *testing.T) {
 	var qa [2]*QP
 	var qb [2]*QP
 	for i := range 2 {
-		qa[i], err = ea.CreateQP(QPConfig{Type: RC, PD: pda, SendCQ: cqa, RecvCQ: cqa, MaxSendWR: 16, MaxRecvWR: 1,
+		qa[i], err = ea.CreateQP(QPConfig{Type: abi.RC, PD: pda, SendCQ: cqa, RecvCQ: cqa, MaxSendWR: 16, MaxRecvWR: 1,
 			OnRetire: func(sq, _ uint64) { sendRetired = sq }})
 		must(t, err)
-		qb[i], err = eb.CreateQP(QPConfig{Type: RC, PD: pdb, SendCQ: cqb, RecvCQ: cqb, MaxSendWR: 16, SRQ: srq})
+		qb[i], err = eb.CreateQP(QPConfig{Type: abi.RC, PD: pdb, SendCQ: cqb, RecvCQ: cqb, MaxSendWR: 16, SRQ: srq})
 		must(t, err)
 	}
 	for i := range 2 {
 		up := func(q *QP, peer *simPort, dqpn uint32) {
-			must(t, q.Modify(&QPAttr{State: StateInit, Port: 1}, AttrState|AttrPKeyIndex|AttrPort|AttrAccessFlags))
-			must(t, q.Modify(&QPAttr{State: StateRTR, AV: AddressVector{DstIP: peer.ip, DstMAC: peer.mac, SGIDIndex: 1},
-				PathMTU: roce.MTU1024, DestQPN: dqpn, MaxDestRdAtomic: 1, MinRNRTimer: 1},
-				AttrState|AttrAV|AttrPathMTU|AttrDestQPN|AttrRQPSN|AttrMaxDestRdAtomic|AttrMinRNRTimer))
-			must(t, q.Modify(&QPAttr{State: StateRTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 1},
-				AttrState|AttrSQPSN|AttrTimeout|AttrRetryCnt|AttrRNRRetry|AttrMaxQPRdAtomic))
+			must(t, q.Modify(&QPAttr{State: abi.QPSInit, Port: 1}, abi.QPStateMask|abi.QPPKeyIndex|abi.QPPort|abi.QPAccessFlags))
+			must(t, q.Modify(&QPAttr{State: abi.QPSRTR, AV: AddressVector{DstIP: peer.ip, DstMAC: peer.mac, SGIDIndex: 1},
+				PathMTU: abi.MTU1024, DestQPN: dqpn, MaxDestRdAtomic: 1, MinRNRTimer: 1},
+				abi.QPStateMask|abi.QPAV|abi.QPPathMTU|abi.QPDestQPN|abi.QPRQPSN|abi.QPMaxDestRdAtomic|abi.QPMinRNRTimer))
+			must(t, q.Modify(&QPAttr{State: abi.QPSRTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 1},
+				abi.QPStateMask|abi.QPSQPSN|abi.QPTimeout|abi.QPRetryCnt|abi.QPRNRRetry|abi.QPMaxQPRdAtomic))
 		}
 		up(qa[i], s.b, qb[i].Num())
 		up(qb[i], s.a, qa[i].Num())
@@ -57,9 +57,9 @@ func TestSRQ(t *testing.T) {
 	}
 	must(t, srq.Arm(3))
 	copy(bufa, "first second")
-	_, err = qa[1].PostSend([]SendWR{{ID: 1, Opcode: OpSend, Flags: SendSignaled, SGL: sge(mra, 0, 5)}})
+	_, err = qa[1].PostSend([]SendWR{{ID: 1, Opcode: abi.WRSend, Flags: abi.SendSignaled, SGL: sge(mra, 0, 5)}})
 	must(t, err)
-	_, err = qa[0].PostSend([]SendWR{{ID: 2, Opcode: OpSend, Flags: SendSignaled, SGL: sge(mra, 6, 6)}})
+	_, err = qa[0].PostSend([]SendWR{{ID: 2, Opcode: abi.WRSend, Flags: abi.SendSignaled, SGL: sge(mra, 6, 6)}})
 	must(t, err)
 	var got []WC
 	s.run(10000, func() bool { got = append(got, poll(cqb)...); return len(got) == 2 })
@@ -80,7 +80,7 @@ func TestSRQ(t *testing.T) {
 		t.Fatalf("destroy an SRQ in use: %v", err)
 	}
 	// A QP in error leaves the SRQ's WQEs for the others.
-	qb[0].Modify(&QPAttr{State: StateErr}, AttrState)
+	qb[0].Modify(&QPAttr{State: abi.QPSErr}, abi.QPStateMask)
 	if srq.Len() != 2 {
 		t.Fatalf("error state flushed the SRQ: %d left", srq.Len())
 	}

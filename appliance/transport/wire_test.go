@@ -8,6 +8,7 @@ import (
 
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/internal/impair"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // parsed returns the packet of a frame the sim saw, failing the test when
@@ -69,14 +70,14 @@ func TestHopLimit(t *testing.T) {
 				t.Errorf("Attr reports hop limit %d, want 64 as ibv_query_qp would", h)
 			}
 			_, err := c.qa.PostSend([]SendWR{
-				{ID: 1, Opcode: OpWrite, Flags: SendSignaled, SGL: sge(c.mra, 0, 3000), RemoteAddr: base, RKey: c.mrb.RKey},
-				{ID: 2, Opcode: OpRead, Flags: SendSignaled, SGL: sge(c.mra, 0, 3000), RemoteAddr: base + 8192, RKey: c.mrb.RKey},
+				{ID: 1, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, SGL: sge(c.mra, 0, 3000), RemoteAddr: base, RKey: c.mrb.RKey},
+				{ID: 2, Opcode: abi.WRRDMARead, Flags: abi.SendSignaled, SGL: sge(c.mra, 0, 3000), RemoteAddr: base + 8192, RKey: c.mrb.RKey},
 			})
 			must(t, err)
 			var wcs []WC
 			s.run(10000, func() bool { wcs = append(wcs, poll(c.cqa)...); return len(wcs) == 2 })
 			for _, wc := range wcs {
-				if wc.Status != WCSuccess {
+				if wc.Status != abi.WCSuccess {
 					t.Fatalf("completion %+v (%v)", wc, wc.Status)
 				}
 			}
@@ -108,14 +109,14 @@ func TestAddressHandleHopLimit(t *testing.T) {
 			s := newSim(t, impair.Spec{}, 1500)
 			mk := func(p *simPort) (*QP, *CQ, *CQ, *MR) {
 				pd := p.eng.Memory().NewPD()
-				mr, err := p.eng.Memory().Register(pd, base, make([]byte, 8192), AccessLocalWrite)
+				mr, err := p.eng.Memory().Register(pd, base, make([]byte, 8192), abi.AccessLocalWrite)
 				must(t, err)
 				scq, rcq := NewCQ(64, nil), NewCQ(64, nil)
-				qp, err := p.eng.CreateQP(QPConfig{Type: UD, PD: pd, SendCQ: scq, RecvCQ: rcq, MaxSendWR: 16, MaxRecvWR: 16})
+				qp, err := p.eng.CreateQP(QPConfig{Type: abi.UD, PD: pd, SendCQ: scq, RecvCQ: rcq, MaxSendWR: 16, MaxRecvWR: 16})
 				must(t, err)
-				must(t, qp.Modify(&QPAttr{State: StateInit, Port: 1, QKey: 0x11111111}, AttrState|AttrPKeyIndex|AttrPort|AttrQKey))
-				must(t, qp.Modify(&QPAttr{State: StateRTR}, AttrState))
-				must(t, qp.Modify(&QPAttr{State: StateRTS, SQPSN: 7}, AttrState|AttrSQPSN))
+				must(t, qp.Modify(&QPAttr{State: abi.QPSInit, Port: 1, QKey: 0x11111111}, abi.QPStateMask|abi.QPPKeyIndex|abi.QPPort|abi.QPQKey))
+				must(t, qp.Modify(&QPAttr{State: abi.QPSRTR}, abi.QPStateMask))
+				must(t, qp.Modify(&QPAttr{State: abi.QPSRTS, SQPSN: 7}, abi.QPStateMask|abi.QPSQPSN))
 				return qp, scq, rcq, mr
 			}
 			qa, scqa, _, mra := mk(s.a)
@@ -128,15 +129,15 @@ func TestAddressHandleHopLimit(t *testing.T) {
 			}
 			var sent []roce.Packet
 			s.a.watch = func(f []byte) { sent = append(sent, parsed(t, f)) }
-			_, err = qa.PostSend([]SendWR{{ID: 1, Opcode: OpSend, Flags: SendSignaled, SGL: []SGE{{Addr: base, Length: 100, LKey: mra.LKey}},
+			_, err = qa.PostSend([]SendWR{{ID: 1, Opcode: abi.WRSend, Flags: abi.SendSignaled, SGL: []SGE{{Addr: base, Length: 100, LKey: mra.LKey}},
 				AH: ah, RemoteQPN: qb.Num(), RemoteQKey: 0x11111111}})
 			must(t, err)
 			var r []WC
 			s.run(1000, func() bool { r = append(r, poll(rcqb)...); return len(r) == 1 })
-			if r[0].Status != WCSuccess || r[0].ByteLen != 140 {
+			if r[0].Status != abi.WCSuccess || r[0].ByteLen != 140 {
 				t.Fatalf("UD receive %+v", r[0])
 			}
-			if wc := poll(scqa); len(wc) != 1 || wc[0].Status != WCSuccess {
+			if wc := poll(scqa); len(wc) != 1 || wc[0].Status != abi.WCSuccess {
 				t.Fatalf("send completions %+v", wc)
 			}
 			if len(sent) != 1 {
@@ -159,38 +160,38 @@ func TestAddressHandleHopLimit(t *testing.T) {
 func TestPathMTULimit(t *testing.T) {
 	for _, tc := range []struct {
 		netdev int
-		pmtu   roce.MTU
+		pmtu   abi.MTU
 		ok     bool
 	}{
-		{1500, roce.MTU256, true},
-		{1500, roce.MTU1024, true},
-		{1500, roce.MTU2048, false},
-		{1500, roce.MTU4096, false},
-		{2127, roce.MTU2048, false},
-		{2128, roce.MTU2048, true},
-		{4175, roce.MTU2048, true},
-		{4175, roce.MTU4096, false},
-		{4176, roce.MTU4096, true},
-		{9000, roce.MTU4096, true},
+		{1500, abi.MTU256, true},
+		{1500, abi.MTU1024, true},
+		{1500, abi.MTU2048, false},
+		{1500, abi.MTU4096, false},
+		{2127, abi.MTU2048, false},
+		{2128, abi.MTU2048, true},
+		{4175, abi.MTU2048, true},
+		{4175, abi.MTU4096, false},
+		{4176, abi.MTU4096, true},
+		{9000, abi.MTU4096, true},
 	} {
 		t.Run(fmt.Sprintf("netdev %d/path %d", tc.netdev, tc.pmtu.Bytes()), func(t *testing.T) {
 			s := newSim(t, impair.Spec{}, tc.netdev)
 			if !tc.ok {
 				e := s.a.eng
 				cq := NewCQ(4, nil)
-				qp, err := e.CreateQP(QPConfig{Type: RC, PD: e.Memory().NewPD(), SendCQ: cq, RecvCQ: cq, MaxSendWR: 4, MaxRecvWR: 4})
+				qp, err := e.CreateQP(QPConfig{Type: abi.RC, PD: e.Memory().NewPD(), SendCQ: cq, RecvCQ: cq, MaxSendWR: 4, MaxRecvWR: 4})
 				must(t, err)
-				must(t, qp.Modify(&QPAttr{State: StateInit, Port: 1}, AttrState|AttrPKeyIndex|AttrPort|AttrAccessFlags))
-				rtr := QPAttr{State: StateRTR, AV: AddressVector{DstIP: s.b.ip, DstMAC: s.b.mac, SGIDIndex: 1},
+				must(t, qp.Modify(&QPAttr{State: abi.QPSInit, Port: 1}, abi.QPStateMask|abi.QPPKeyIndex|abi.QPPort|abi.QPAccessFlags))
+				rtr := QPAttr{State: abi.QPSRTR, AV: AddressVector{DstIP: s.b.ip, DstMAC: s.b.mac, SGIDIndex: 1},
 					PathMTU: tc.pmtu, DestQPN: 0x42, MaxDestRdAtomic: 1, MinRNRTimer: 12}
-				mask := AttrState | AttrAV | AttrPathMTU | AttrDestQPN | AttrRQPSN | AttrMaxDestRdAtomic | AttrMinRNRTimer
+				mask := abi.QPStateMask | abi.QPAV | abi.QPPathMTU | abi.QPDestQPN | abi.QPRQPSN | abi.QPMaxDestRdAtomic | abi.QPMinRNRTimer
 				if err := qp.Modify(&rtr, mask); !errors.Is(err, ErrInvalid) {
 					t.Fatalf("RTR with path MTU %d on netdev MTU %d: %v, want ErrInvalid", tc.pmtu.Bytes(), tc.netdev, err)
 				}
-				if st := qp.State(); st != StateInit {
+				if st := qp.State(); st != abi.QPSInit {
 					t.Fatalf("state %v after the refused RTR, want INIT", st)
 				}
-				rtr.PathMTU = roce.MTUForNetdev(tc.netdev)
+				rtr.PathMTU = abi.MTUForNetdev(tc.netdev)
 				must(t, qp.Modify(&rtr, mask))
 				return
 			}
@@ -208,14 +209,14 @@ func TestPathMTULimit(t *testing.T) {
 			}
 			n := 2*pmtu + 100
 			_, err := c.qa.PostSend([]SendWR{
-				{ID: 1, Opcode: OpWrite, Flags: SendSignaled, SGL: sge(c.mra, 0, n), RemoteAddr: base, RKey: c.mrb.RKey},
-				{ID: 2, Opcode: OpRead, Flags: SendSignaled, SGL: sge(c.mra, 8*pmtu, n), RemoteAddr: base + uint64(4*pmtu), RKey: c.mrb.RKey},
+				{ID: 1, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, SGL: sge(c.mra, 0, n), RemoteAddr: base, RKey: c.mrb.RKey},
+				{ID: 2, Opcode: abi.WRRDMARead, Flags: abi.SendSignaled, SGL: sge(c.mra, 8*pmtu, n), RemoteAddr: base + uint64(4*pmtu), RKey: c.mrb.RKey},
 			})
 			must(t, err)
 			var wcs []WC
 			s.run(10000, func() bool { wcs = append(wcs, poll(c.cqa)...); return len(wcs) == 2 })
 			for _, wc := range wcs {
-				if wc.Status != WCSuccess {
+				if wc.Status != abi.WCSuccess {
 					t.Fatalf("completion %+v (%v)", wc, wc.Status)
 				}
 			}
@@ -263,14 +264,14 @@ func TestDuplicateCounters(t *testing.T) {
 			doubled.im = impair.New(impair.Spec{Duplicate: 1, Seed: 1})
 			var wrs []SendWR
 			for i := range 12 {
-				wr := SendWR{ID: uint64(i), Flags: SendSignaled, RKey: c.mrb.RKey}
+				wr := SendWR{ID: uint64(i), Flags: abi.SendSignaled, RKey: c.mrb.RKey}
 				switch i % 3 {
 				case 0:
-					wr.Opcode, wr.SGL, wr.RemoteAddr = OpWrite, sge(c.mra, i*8192, 3000), base+uint64(i*8192)
+					wr.Opcode, wr.SGL, wr.RemoteAddr = abi.WRRDMAWrite, sge(c.mra, i*8192, 3000), base+uint64(i*8192)
 				case 1:
-					wr.Opcode, wr.SGL, wr.RemoteAddr = OpRead, sge(c.mra, i*8192, 2500), base+uint64(i*8192)
+					wr.Opcode, wr.SGL, wr.RemoteAddr = abi.WRRDMARead, sge(c.mra, i*8192, 2500), base+uint64(i*8192)
 				case 2:
-					wr.Opcode, wr.SGL, wr.RemoteAddr, wr.CompareAdd = OpFetchAdd, sge(c.mra, i*8192, 8), base+0x80000, 1
+					wr.Opcode, wr.SGL, wr.RemoteAddr, wr.CompareAdd = abi.WRAtomicFetchAdd, sge(c.mra, i*8192, 8), base+0x80000, 1
 				}
 				wrs = append(wrs, wr)
 			}
@@ -279,7 +280,7 @@ func TestDuplicateCounters(t *testing.T) {
 			var wcs []WC
 			s.run(100000, func() bool { wcs = append(wcs, poll(c.cqa)...); return len(wcs) == len(wrs) })
 			for _, wc := range wcs {
-				if wc.Status != WCSuccess {
+				if wc.Status != abi.WCSuccess {
 					t.Fatalf("completion %+v (%v)", wc, wc.Status)
 				}
 			}

@@ -18,6 +18,7 @@ import (
 	"github.com/taproce/taproce/internal/netnsutil"
 	"github.com/taproce/taproce/internal/testnet"
 	"github.com/taproce/taproce/tap"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // BenchmarkTAPPath measures the frame path through two real TAPs —
@@ -227,7 +228,7 @@ func BenchmarkLabWrite64K(b *testing.B) {
 	wrs := make([]transport.SendWR, b.N)
 	for i := range wrs {
 		off := uint64(i%64) * size
-		wrs[i] = transport.SendWR{ID: uint64(i), Opcode: transport.OpWrite, Flags: transport.SendSignaled,
+		wrs[i] = transport.SendWR{ID: uint64(i), Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled,
 			SGL: []transport.SGE{{Addr: rdmaBase + off, Length: size, LKey: rp.mra.LKey}}, RemoteAddr: rdmaBase + off, RKey: rp.mrb.RKey}
 	}
 	b.SetBytes(size)
@@ -275,7 +276,7 @@ func BenchmarkLabSendPingPong(b *testing.B) {
 		_, err := qp.PostRecv([]transport.RecvWR{{ID: 1, SGL: []transport.SGE{{Addr: rdmaBase, Length: 64, LKey: mr.LKey}}}})
 		return err
 	}
-	send := []transport.SendWR{{ID: 2, Opcode: transport.OpSend, Flags: transport.SendSignaled | transport.SendInline, Inline: []byte("pp")}}
+	send := []transport.SendWR{{ID: 2, Opcode: abi.WRSend, Flags: abi.SendSignaled | abi.SendInline, Inline: []byte("pp")}}
 	for range 4 {
 		if err := errors.Join(recv(rp.qa, rp.mra), recv(rp.qb, rp.mrb)); err != nil {
 			b.Fatal(err)
@@ -289,7 +290,7 @@ func BenchmarkLabSendPingPong(b *testing.B) {
 		for {
 			k := rp.rcqb.Poll(wcs)
 			for _, wc := range wcs[:k] {
-				if wc.Status != transport.WCSuccess {
+				if wc.Status != abi.WCSuccess {
 					echoed <- fmt.Errorf("B: %+v", wc)
 					return
 				}
@@ -324,7 +325,7 @@ func BenchmarkLabSendPingPong(b *testing.B) {
 		for got := false; !got; {
 			k := rp.rcqa.Poll(wcs)
 			for _, wc := range wcs[:k] {
-				if wc.Status != transport.WCSuccess {
+				if wc.Status != abi.WCSuccess {
 					b.Fatalf("A: %+v", wc)
 				}
 				got = true

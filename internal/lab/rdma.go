@@ -11,6 +11,7 @@ import (
 
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/appliance/transport"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // labTimeout is the lab QPs' local ACK timeout exponent: 4.096 µs × 2^12
@@ -29,7 +30,7 @@ type rcPair struct {
 	wake       chan struct{}
 	wakeA      chan struct{}
 	wakeB      chan struct{}
-	pmtu       roce.MTU // the path MTU of both QPs
+	pmtu       abi.MTU // the path MTU of both QPs
 }
 
 const rdmaBase = 0x7f0000000000
@@ -37,7 +38,7 @@ const rdmaBase = 0x7f0000000000
 func connectRC(ctx context.Context, ea, eb *transport.Engine, a, b *Host, size int) (*rcPair, error) {
 	// The path MTU is the largest both ports carry: an engine refuses one
 	// above its port's active MTU.
-	pmtu := min(roce.MTUForNetdev(a.Port.Device().MTU()), roce.MTUForNetdev(b.Port.Device().MTU()))
+	pmtu := min(abi.MTUForNetdev(a.Port.Device().MTU()), abi.MTUForNetdev(b.Port.Device().MTU()))
 	rp := &rcPair{wake: make(chan struct{}, 1), pmtu: pmtu}
 	notify := func() {
 		select {
@@ -45,7 +46,7 @@ func connectRC(ctx context.Context, ea, eb *transport.Engine, a, b *Host, size i
 		default:
 		}
 	}
-	all := transport.AccessLocalWrite | transport.AccessRemoteWrite | transport.AccessRemoteRead | transport.AccessRemoteAtomic
+	all := abi.AccessLocalWrite | abi.AccessRemoteWrite | abi.AccessRemoteRead | abi.AccessRemoteAtomic
 	rp.wakeA, rp.wakeB = make(chan struct{}, 1), make(chan struct{}, 1)
 	side := func(ch chan struct{}) func() {
 		return func() {
@@ -64,7 +65,7 @@ func connectRC(ctx context.Context, ea, eb *transport.Engine, a, b *Host, size i
 			return nil, err
 		}
 		*cq, *rcq = transport.NewCQ(8192, notify), transport.NewCQ(8192, notify)
-		return e.CreateQP(transport.QPConfig{Type: transport.RC, PD: pd, SendCQ: *cq, RecvCQ: *rcq, MaxSendWR: 4096, MaxRecvWR: 1024, MaxInline: 64})
+		return e.CreateQP(transport.QPConfig{Type: abi.RC, PD: pd, SendCQ: *cq, RecvCQ: *rcq, MaxSendWR: 4096, MaxRecvWR: 1024, MaxInline: 64})
 	}
 	var err error
 	if rp.qa, err = mk(ea, &rp.bufa, &rp.mra, &rp.cqa, &rp.rcqa, side(rp.wakeA)); err != nil {
@@ -87,15 +88,15 @@ func connectRC(ctx context.Context, ea, eb *transport.Engine, a, b *Host, size i
 		}
 		steps := []struct {
 			attr transport.QPAttr
-			mask transport.AttrMask
+			mask abi.AttrMask
 		}{
-			{transport.QPAttr{State: transport.StateInit, Port: 1, Access: all},
-				transport.AttrState | transport.AttrPKeyIndex | transport.AttrPort | transport.AttrAccessFlags},
-			{transport.QPAttr{State: transport.StateRTR, PathMTU: pmtu, DestQPN: x.dqp, RQPSN: x.rq, MaxDestRdAtomic: 16, MinRNRTimer: 12,
+			{transport.QPAttr{State: abi.QPSInit, Port: 1, Access: all},
+				abi.QPStateMask | abi.QPPKeyIndex | abi.QPPort | abi.QPAccessFlags},
+			{transport.QPAttr{State: abi.QPSRTR, PathMTU: pmtu, DestQPN: x.dqp, RQPSN: x.rq, MaxDestRdAtomic: 16, MinRNRTimer: 12,
 				AV: transport.AddressVector{DstIP: x.to.PortIPv4(), DstMAC: mac, SGIDIndex: 1}},
-				transport.AttrState | transport.AttrAV | transport.AttrPathMTU | transport.AttrDestQPN | transport.AttrRQPSN | transport.AttrMaxDestRdAtomic | transport.AttrMinRNRTimer},
-			{transport.QPAttr{State: transport.StateRTS, SQPSN: x.sq, Timeout: labTimeout, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16},
-				transport.AttrState | transport.AttrSQPSN | transport.AttrTimeout | transport.AttrRetryCnt | transport.AttrRNRRetry | transport.AttrMaxQPRdAtomic},
+				abi.QPStateMask | abi.QPAV | abi.QPPathMTU | abi.QPDestQPN | abi.QPRQPSN | abi.QPMaxDestRdAtomic | abi.QPMinRNRTimer},
+			{transport.QPAttr{State: abi.QPSRTS, SQPSN: x.sq, Timeout: labTimeout, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16},
+				abi.QPStateMask | abi.QPSQPSN | abi.QPTimeout | abi.QPRetryCnt | abi.QPRNRRetry | abi.QPMaxQPRdAtomic},
 		}
 		for _, s := range steps {
 			if err := x.qp.Modify(&s.attr, s.mask); err != nil {
@@ -115,7 +116,7 @@ func (rp *rcPair) wait(ctx context.Context, cq *transport.CQ, n int, timeout tim
 	for got := 0; got < n; {
 		k := cq.Poll(wcs)
 		for _, wc := range wcs[:k] {
-			if wc.Status != transport.WCSuccess {
+			if wc.Status != abi.WCSuccess {
 				return fmt.Errorf("work request %d: %v", wc.ID, wc.Status)
 			}
 		}
@@ -171,10 +172,10 @@ func (rp *rcPair) sendAndAtomics(ctx context.Context) Step {
 		return s
 	}
 	wrs := []transport.SendWR{
-		{ID: 1, Opcode: transport.OpSendImm, Imm: 0x1234, Flags: transport.SendSignaled, SGL: []transport.SGE{{Addr: rdmaBase, Length: uint32(len(msg)), LKey: rp.mra.LKey}}},
-		{ID: 2, Opcode: transport.OpFetchAdd, Flags: transport.SendSignaled, CompareAdd: 2, RemoteAddr: rdmaBase + 1024, RKey: rp.mrb.RKey,
+		{ID: 1, Opcode: abi.WRSendWithImm, Imm: 0x1234, Flags: abi.SendSignaled, SGL: []transport.SGE{{Addr: rdmaBase, Length: uint32(len(msg)), LKey: rp.mra.LKey}}},
+		{ID: 2, Opcode: abi.WRAtomicFetchAdd, Flags: abi.SendSignaled, CompareAdd: 2, RemoteAddr: rdmaBase + 1024, RKey: rp.mrb.RKey,
 			SGL: []transport.SGE{{Addr: rdmaBase + 512, Length: 8, LKey: rp.mra.LKey}}},
-		{ID: 3, Opcode: transport.OpCmpSwap, Flags: transport.SendSignaled, CompareAdd: 42, Swap: 7, RemoteAddr: rdmaBase + 1024, RKey: rp.mrb.RKey,
+		{ID: 3, Opcode: abi.WRAtomicCmpAndSwp, Flags: abi.SendSignaled, CompareAdd: 42, Swap: 7, RemoteAddr: rdmaBase + 1024, RKey: rp.mrb.RKey,
 			SGL: []transport.SGE{{Addr: rdmaBase + 520, Length: 8, LKey: rp.mra.LKey}}},
 	}
 	if _, err := rp.qa.PostSend(wrs); err != nil {
@@ -216,7 +217,7 @@ func (rp *rcPair) writeRead(ctx context.Context, total, region int) Step {
 		n := region / msgSize
 		wrs := make([]transport.SendWR, n)
 		for i := range wrs {
-			wrs[i] = transport.SendWR{ID: uint64(i), Opcode: transport.OpWrite, Flags: transport.SendSignaled,
+			wrs[i] = transport.SendWR{ID: uint64(i), Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled,
 				SGL:        []transport.SGE{{Addr: rdmaBase + uint64(i*msgSize), Length: msgSize, LKey: rp.mra.LKey}},
 				RemoteAddr: rdmaBase + uint64(i*msgSize), RKey: rp.mrb.RKey}
 		}
@@ -227,7 +228,7 @@ func (rp *rcPair) writeRead(ctx context.Context, total, region int) Step {
 		}
 		writeTime += time.Since(t0)
 		for i := range wrs {
-			wrs[i].Opcode = transport.OpRead
+			wrs[i].Opcode = abi.WRRDMARead
 			wrs[i].SGL = []transport.SGE{{Addr: rdmaBase + uint64(region+i*msgSize), Length: msgSize, LKey: rp.mra.LKey}}
 		}
 		t0 = time.Now()
@@ -263,7 +264,7 @@ func (rp *rcPair) post(ctx context.Context, wrs []transport.SendWR) error {
 		}
 		n := rp.cqa.Poll(wcs)
 		for _, wc := range wcs[:n] {
-			if wc.Status != transport.WCSuccess {
+			if wc.Status != abi.WCSuccess {
 				return fmt.Errorf("work request %d: %v", wc.ID, wc.Status)
 			}
 		}

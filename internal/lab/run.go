@@ -24,6 +24,7 @@ import (
 	"github.com/taproce/taproce/internal/impair"
 	"github.com/taproce/taproce/internal/netnsutil"
 	"github.com/taproce/taproce/tap"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // Options are the `taproce lab` flags.
@@ -299,7 +300,7 @@ func (e *exchange) run(ctx context.Context, src, dst *Host, count int, pass floa
 	if err != nil {
 		return Step{Name: name, Detail: err.Error()}
 	}
-	mtu := roce.MTUForNetdev(src.Port.Device().MTU()).Bytes()
+	mtu := abi.MTUForNetdev(src.Port.Device().MTU()).Bytes()
 	pkt := roce.Packet{
 		DstMAC: mac, SrcMAC: src.Port.MAC(),
 		Src: src.PortIPv4(), Dst: dst.PortIPv4(), TTL: 64, DontFragment: true,

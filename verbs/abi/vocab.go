@@ -171,6 +171,12 @@ func (o WROpcode) String() string {
 	return fmt.Sprintf("WROpcode(%d)", o)
 }
 
+// Valid reports whether o is one of the opcodes above.
+func (o WROpcode) Valid() bool {
+	_, ok := wrOpcodeNames[o]
+	return ok
+}
+
 // IsAtomic reports a compare-and-swap or fetch-and-add.
 func (o WROpcode) IsAtomic() bool { return o == WRAtomicCmpAndSwp || o == WRAtomicFetchAdd }
 
