@@ -226,6 +226,28 @@ func countMaps(t testing.TB) int {
 	return strings.Count(string(b), "\n")
 }
 
+// waitDump is wait, which on a timeout also shows what the appliance's
+// engines counted.
+func waitDump(t *testing.T, app *appliance.Appliance, cq *verbs.CQ, n int) []verbs.WC {
+	t.Helper()
+	var out []verbs.WC
+	wcs := make([]verbs.WC, 16)
+	for deadline := time.Now().Add(10 * time.Second); len(out) < n; {
+		k := cq.Poll(wcs)
+		if k < 0 {
+			t.Fatal("CQ destroyed")
+		}
+		out = append(out, wcs[:k]...)
+		if k == 0 && time.Now().After(deadline) {
+			for _, nic := range app.NICs() {
+				t.Logf("%s: %+v, %d QPs", nic.Name(), nic.Engine().Stats(), nic.Engine().QPCount())
+			}
+			t.Fatalf("%d of %d completions: %+v", len(out), n, out)
+		}
+	}
+	return out
+}
+
 // TestClientKilled: 200 times, a client process streaming RDMA WRITEs to a
 // QP of this process is killed mid-transfer. Its objects are destroyed,
 // the peer QP — which keeps writing back — ends in error instead of
@@ -236,7 +258,11 @@ func TestClientKilled(t *testing.T) {
 	if testing.Short() {
 		cycles = 20
 	}
-	app := appliancetest.New(t, appliancetest.Options{LocalSwitch: true, Linger: 100 * time.Millisecond, Namespace: "crash", Net: 79}).App
+	// The killed QPs linger long enough for the peer's SEND to reach them
+	// on a loaded machine: once one is gone, the SEND would go unanswered
+	// (as at rxe) and retry forever.
+	const linger = 2 * time.Second
+	app := appliancetest.New(t, appliancetest.Options{LocalSwitch: true, Linger: linger, Namespace: "crash", Net: 79}).App
 	parent, err := verbs.Open(testCtx(t), "taproce1")
 	must(t, err)
 	defer parent.Close()
@@ -269,7 +295,7 @@ func TestClientKilled(t *testing.T) {
 		sendTo := []verbs.SendWR{{ID: 8, Opcode: verbs.WRSend, Flags: verbs.SendSignaled, SGL: []verbs.SGE{p.mr.SGE(0, 64)}}}
 		_, err := p.qp.PostSend(sendTo)
 		must(t, err)
-		wc := wait(t, p.cq, 1)[0]
+		wc := waitDump(t, app, p.cq, 1)[0]
 		if wc.Status == verbs.WCSuccess {
 			t.Fatalf("SEND to a killed client's QP succeeded")
 		}
@@ -292,7 +318,7 @@ func TestClientKilled(t *testing.T) {
 		cycle()
 	}
 	waitClients(t, app, 0)
-	time.Sleep(300 * time.Millisecond) // the killed QPs' linger
+	time.Sleep(linger + 200*time.Millisecond) // the killed QPs' linger
 	for _, n := range app.NICs() {
 		n.Engine().Tick()
 	}

@@ -123,17 +123,12 @@ type Engine struct {
 	// Unix nanoseconds of cfg.Now; 0 when none waits. FlushAcks reads it
 	// without the lock.
 	ackDue atomic.Int64
-	// lazyAck marks the frames being built as acknowledgements that may
-	// wait (Config.AckDelay).
-	lazyAck bool
 
 	async   AsyncOutput // cfg.Out when it writes asynchronously
 	free    chan *Batch // batches not handed out
 	cur     *Batch      // the batch being filled, nil when none
-	ref     []byte      // the payload of the local whole-message frame being received
-	refOK   bool
-	bufSize int // bytes of a transmit buffer
-	curBufs int // buffers of cur in use
+	bufSize int         // bytes of a transmit buffer
+	curBufs int         // buffers of cur in use
 
 	// tickAt is when the caller of Tick plans to call it next (PlanTick),
 	// zero when it plans to wait for a timer to be set; tickAcks says
@@ -252,9 +247,11 @@ func (e *Engine) frame() []byte {
 // unframe gives back the buffer frame returned last, unused.
 func (e *Engine) unframe() { e.curBufs-- }
 
-// emit queues the frame just built in the current buffer with length n.
-func (e *Engine) emit(n int) {
-	if !e.lazyAck {
+// emit queues the frame just built in the current buffer with length n;
+// mayWait marks an acknowledgement that may wait for company
+// (Config.AckDelay).
+func (e *Engine) emit(n int, mayWait bool) {
+	if !mayWait {
 		e.curUrgent = true
 	}
 	b := e.cur.bufs[e.curBufs-1]
@@ -463,7 +460,7 @@ func (e *Engine) Receive(frame []byte, p *roce.Packet) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	defer e.flushUrgent()
-	e.receiveLocked(frame, p)
+	e.receiveLocked(frame, p, nil)
 }
 
 // flushUrgent is flush, except that when everything queued is
@@ -512,8 +509,8 @@ func (e *Engine) FlushAcks() {
 	}
 }
 
-// receiveLocked is Receive with e.mu held.
-func (e *Engine) receiveLocked(frame []byte, p *roce.Packet) {
+// receiveLocked is Receive with e.mu held; ref is ReceiveLocal's.
+func (e *Engine) receiveLocked(frame []byte, p *roce.Packet, ref []byte) {
 	e.stats.received.Add(1)
 	qp := e.qps[p.BTH.DestQP]
 	if qp == nil || !qp.acceptsTransport(p.BTH.Opcode) {
@@ -525,7 +522,7 @@ func (e *Engine) receiveLocked(frame []byte, p *roce.Packet) {
 	case qp.killed:
 		qp.lingerAnswer(frame, p)
 	case info.Has(roce.Request):
-		qp.respond(frame, p)
+		qp.respond(frame, p, ref)
 	case info.Flags&(roce.Response|roce.Ack) != 0:
 		qp.complete(frame, p)
 	default:
@@ -552,7 +549,7 @@ func (e *Engine) QPCount() int {
 
 // ReceiveLocal handles a frame of a local switch: like Receive, and when
 // ref is not nil the frame is a whole message whose payload is ref (see
-// Config.Local).
+// Config.Local), in the sender's memory and valid only during the call.
 func (e *Engine) ReceiveLocal(frame []byte, p *roce.Packet, ref []byte) {
 	if ref == nil {
 		e.Receive(frame, p)
@@ -561,9 +558,7 @@ func (e *Engine) ReceiveLocal(frame []byte, p *roce.Packet, ref []byte) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	defer e.flush()
-	e.ref, e.refOK = ref, true
-	e.receiveLocked(frame, p)
-	e.ref, e.refOK = nil, false
+	e.receiveLocked(frame, p, ref)
 }
 
 // Tick runs the timers that are due: retransmission after a local ACK

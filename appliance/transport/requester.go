@@ -32,6 +32,12 @@ const readChunk = 64
 // buildAndSend encodes p into the next transmit buffer, with n payload
 // bytes taken from src at offset off (or from inline bytes), and queues it.
 func (qp *QP) buildAndSend(p *roce.Packet, src *sgl, inline []byte, off, n uint32) {
+	qp.build(p, src, inline, off, n, false)
+}
+
+// build is buildAndSend; mayWait marks an acknowledgement that may wait
+// for company (Engine.emit).
+func (qp *QP) build(p *roce.Packet, src *sgl, inline []byte, off, n uint32, mayWait bool) {
 	e := qp.e
 	b := e.frame()
 	p.SetPayloadLen(int(n))
@@ -53,7 +59,7 @@ func (qp *QP) buildAndSend(p *roce.Packet, src *sgl, inline []byte, off, n uint3
 		e.stats.dropped.Add(1)
 		return
 	}
-	e.emit(m)
+	e.emit(m, mayWait)
 	if p.Info().Has(roce.Request) {
 		end := p.BTH.PSN.Next()
 		if p.BTH.Opcode == roce.RCRDMAReadRequest {

@@ -8,8 +8,10 @@ import (
 )
 
 // respond handles a request packet on the responder side (IBA 9.7.4;
-// rxe's responder): PSN check, execution, acknowledgement.
-func (qp *QP) respond(frame []byte, p *roce.Packet) {
+// rxe's responder): PSN check, execution, acknowledgement. ref, when not
+// nil, is the payload of a whole message from the local switch
+// (Engine.ReceiveLocal).
+func (qp *QP) respond(frame []byte, p *roce.Packet, ref []byte) {
 	if qp.state != abi.QPSRTR && qp.state != abi.QPSRTS && qp.state != abi.QPSSQE {
 		qp.e.stats.dropped.Add(1)
 		return
@@ -39,10 +41,12 @@ func (qp *QP) respond(frame []byte, p *roce.Packet) {
 		// of packets wait or it falls outside the reorder window: on the
 		// wire this is go-back-N, but a reordered packet costs no
 		// retransmission.
+		// A whole message from the local switch is never kept aside: its
+		// payload is the sender's memory, lent only for this call.
 		if qp.stash == nil {
 			qp.stash = newReorderStash(qp.e.cfg.MTU + roce.EthernetLen)
 		}
-		if d >= reorderWindow || !qp.stash.put(frame, p) || qp.stash.n >= reorderTolerance {
+		if d >= reorderWindow || ref != nil || !qp.stash.put(frame, p) || qp.stash.n >= reorderTolerance {
 			qp.sendSeqNAK()
 		} else if !qp.nakSent && qp.nakAt.IsZero() {
 			// Few packets follow a loss at the end of a burst: NAK after
@@ -54,33 +58,34 @@ func (qp *QP) respond(frame []byte, p *roce.Packet) {
 		return
 	}
 	qp.nakSent, qp.nakAt = false, time.Time{}
-	qp.executeInOrder(frame, p)
+	qp.executeInOrder(frame, p, ref)
 	// Packets that overtook this one now follow it.
 	for qp.stash != nil && qp.stash.n > 0 && qp.state != abi.QPSErr {
 		f, sp, ok := qp.stash.take(qp.ePSN)
 		if !ok {
 			break
 		}
-		qp.executeInOrder(f, sp)
+		qp.executeInOrder(f, sp, nil)
 	}
 }
 
 // executeInOrder executes the expected packet and forgets any copy kept
 // aside for the PSNs it consumed (copies that a retransmission overtook).
-func (qp *QP) executeInOrder(frame []byte, p *roce.Packet) {
+func (qp *QP) executeInOrder(frame []byte, p *roce.Packet, ref []byte) {
 	start := qp.ePSN
-	qp.execute(frame, p)
+	qp.execute(frame, p, ref)
 	if qp.stash != nil && qp.stash.n > 0 {
 		qp.stash.drop(start, qp.ePSN)
 	}
 }
 
-// execute carries out the request packet expected next.
-func (qp *QP) execute(frame []byte, p *roce.Packet) {
+// execute carries out the request packet expected next; ref is
+// respond's.
+func (qp *QP) execute(frame []byte, p *roce.Packet, ref []byte) {
 	info := p.Info()
 	switch {
 	case info.Has(roce.OpSend), info.Has(roce.OpWrite):
-		qp.sendOrWrite(frame, p)
+		qp.sendOrWrite(frame, p, ref)
 	case info.Has(roce.OpRead):
 		qp.read(p, p.BTH.PSN, true)
 	case info.Has(roce.OpAtomic):
@@ -266,19 +271,16 @@ func (qp *QP) nak(code uint8) {
 	qp.toError(abi.WCWRFlushErr, false)
 }
 
-// sendAck sends an ACKNOWLEDGE with the given PSN and syndrome.
-func (qp *QP) sendAck(psn roce.PSN, syn roce.Syndrome) {
+// sendAck sends an ACKNOWLEDGE with the given PSN and syndrome at once.
+func (qp *QP) sendAck(psn roce.PSN, syn roce.Syndrome) { qp.queueAck(psn, syn, false) }
+
+// queueAck queues an ACKNOWLEDGE; mayWait lets it wait for company
+// (Config.AckDelay).
+func (qp *QP) queueAck(psn roce.PSN, syn roce.Syndrome, mayWait bool) {
 	p := &qp.tmpl
 	p.BTH.Opcode, p.BTH.PSN, p.BTH.AckReq, p.BTH.SolicitedEvent = roce.RCAcknowledge, psn, false, false
 	p.AETH = roce.AETHFields{Syndrome: syn, MSN: qp.msn & 0xFFFFFF}
-	qp.buildAndSend(p, nil, nil, 0, 0)
-}
-
-// ack acknowledges everything up to psn when the requester asked for it.
-func (qp *QP) ack(p *roce.Packet) {
-	if p.BTH.AckReq {
-		qp.sendAck(p.BTH.PSN, roce.SyndromeACK|roce.CreditInvalid)
-	}
+	qp.build(p, nil, nil, 0, 0, mayWait)
 }
 
 // recvHead returns the oldest receive WQE, of the QP's receive queue or
@@ -331,8 +333,10 @@ func (qp *QP) rnr() {
 	qp.sendAck(qp.ePSN, roce.SyndromeRNRNAK|roce.Syndrome(qp.attr.MinRNRTimer&31))
 }
 
-// sendOrWrite executes a SEND or RDMA WRITE packet.
-func (qp *QP) sendOrWrite(frame []byte, p *roce.Packet) {
+// sendOrWrite executes a SEND or RDMA WRITE packet; a ref that is not nil
+// is the payload of a whole message from the local switch, which stands
+// for all the packets of its payload.
+func (qp *QP) sendOrWrite(frame []byte, p *roce.Packet, ref []byte) {
 	info := p.Info()
 	first := info.Has(roce.First) || info.Has(roce.Only)
 	last := info.Has(roce.Last) || info.Has(roce.Only)
@@ -352,10 +356,8 @@ func (qp *QP) sendOrWrite(frame []byte, p *roce.Packet) {
 	}
 	payload := p.Payload(frame)
 	npkts := 1
-	if qp.e.refOK && first && last {
-		// A whole message from the local switch: it stands for all the
-		// packets of its payload.
-		payload = qp.e.ref
+	if ref != nil && first && last {
+		payload = ref
 		npkts = max(1, (len(payload)+qp.pmtu-1)/qp.pmtu)
 	}
 	if first {
@@ -433,13 +435,12 @@ func (qp *QP) sendOrWrite(frame []byte, p *roce.Packet) {
 	if qp.cfg.Type == abi.RC {
 		// The acknowledgement of a message that completed a receive may
 		// wait for the answer its client may post (Config.AckDelay).
-		qp.e.lazyAck = last && needRecv
+		mayWait := last && needRecv
 		if npkts > 1 {
-			qp.sendAck(p.BTH.PSN.Add(npkts-1), roce.SyndromeACK|roce.CreditInvalid)
-		} else {
-			qp.ack(p)
+			qp.queueAck(p.BTH.PSN.Add(npkts-1), roce.SyndromeACK|roce.CreditInvalid, mayWait)
+		} else if p.BTH.AckReq {
+			qp.queueAck(p.BTH.PSN, roce.SyndromeACK|roce.CreditInvalid, mayWait)
 		}
-		qp.e.lazyAck = false
 	}
 }
 
