@@ -114,8 +114,9 @@ func TestDevinfoCommand(t *testing.T) {
 		"\tphys_port_cnt:\t\t\t1\n" +
 		"\t\tport:\t1\n" +
 		"\t\t\tstate:\t\t\tPORT_ACTIVE (4)\n" +
-		// The appliance reports the netdev's MTU as max_mtu; rxe reports 4096 (5).
-		"\t\t\tmax_mtu:\t\t1024 (3)\n" +
+		// rxe's on a 1500-byte link: the device's largest path MTU, then
+		// the link's.
+		"\t\t\tmax_mtu:\t\t4096 (5)\n" +
 		"\t\t\tactive_mtu:\t\t1024 (3)\n" +
 		"\t\t\tsm_lid:\t\t\t0\n" +
 		"\t\t\tport_lid:\t\t0\n" +
