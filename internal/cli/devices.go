@@ -38,6 +38,10 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 	ctx, cancel := context.WithTimeout(context.Background(), deviceTimeout)
 	defer cancel()
 	devs, err := verbs.Devices(ctx)
+	if errors.Is(err, verbs.ErrNoAppliance) {
+		printError(stderr, "devices", err)
+		return 1
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "Failed to get IB devices list: %v\n", err)
 		return 1
@@ -106,6 +110,10 @@ func runDevinfo(args []string, stdout, stderr io.Writer) int {
 	ctx, cancel := context.WithTimeout(context.Background(), deviceTimeout)
 	defer cancel()
 	all, err := verbs.Devices(ctx)
+	if errors.Is(err, verbs.ErrNoAppliance) {
+		printError(stderr, "devinfo", err)
+		return 1
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "Failed to get IB devices list: %v\n", err)
 		return 1

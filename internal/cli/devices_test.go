@@ -90,9 +90,25 @@ func TestDevicesCommand(t *testing.T) {
 	if code, _, _ = runCmd("devices", "extra"); code != 2 {
 		t.Errorf("devices extra: exit %d", code)
 	}
-	t.Setenv("TAPROCE_SOCKET", filepath.Join(t.TempDir(), "none.sock"))
-	if code, _, errOut = runCmd("devices"); code != 1 || !strings.HasPrefix(errOut, "Failed to get IB devices list: ") {
-		t.Errorf("devices without an appliance: exit %d, %q", code, errOut)
+}
+
+// TestNoAppliance: every verbs client of the command line, finding no
+// appliance, says where it looked and how to get one, in the same words.
+func TestNoAppliance(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "none.sock")
+	t.Setenv("TAPROCE_SOCKET", sock)
+	for _, args := range [][]string{
+		{"devices"}, {"devices", "-a"}, {"devinfo"}, {"devinfo", "-d", "taproce0"},
+		{"pingpong"}, {"pingpong", "-d", "taproce0", "127.0.0.1"},
+	} {
+		code, out, errOut := runCmd(args...)
+		want := "taproce " + args[0] + ": no appliance is listening at " + sock + "\n" +
+			"Start one with `taproce run --config FILE`, or a lab with `taproce lab --keep`\n" +
+			"(which prints the TAPROCE_SOCKET to use), or set TAPROCE_SOCKET to the socket\n" +
+			"of a running appliance.\n"
+		if code != 1 || out != "" || errOut != want {
+			t.Errorf("taproce %q: exit %d, out %q, err\n%s\nwant 1 and\n%s", args, code, out, errOut, want)
+		}
 	}
 }
 

@@ -31,7 +31,7 @@ func runPingpong(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if _, err := pingpong.Run(ctx, o, pingpong.Env{}, stdout); err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", argv0, err)
+		printError(stderr, "pingpong", err)
 		return 1
 	}
 	return 0
