@@ -100,6 +100,7 @@ func TestNoAppliance(t *testing.T) {
 	for _, args := range [][]string{
 		{"devices"}, {"devices", "-a"}, {"devinfo"}, {"devinfo", "-d", "taproce0"},
 		{"pingpong"}, {"pingpong", "-d", "taproce0", "127.0.0.1"},
+		{"perf", "write_bw"}, {"perf", "send_lat", "-d", "taproce0", "127.0.0.1"},
 	} {
 		code, out, errOut := runCmd(args...)
 		want := "taproce " + args[0] + ": no appliance is listening at " + sock + "\n" +

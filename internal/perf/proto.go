@@ -37,7 +37,7 @@ const (
 )
 
 // ErrProtocol is wrapped by errors about the peer's messages.
-var ErrProtocol = errors.New("perf: out-of-band exchange")
+var ErrProtocol = errors.New("out-of-band exchange with the peer")
 
 // Dest is what a side tells the other about one of its QPs (struct
 // pingpong_dest as ctx_hand_shake sends it).
@@ -91,7 +91,7 @@ func ParseDest(msg []byte, withGID bool) (Dest, error) {
 	num := func(i, bits int) (uint64, error) {
 		v, err := strconv.ParseUint(f[i], 16, bits)
 		if err != nil {
-			return 0, fmt.Errorf("%w: keys %q: field %d: %w", ErrProtocol, msg, i, err)
+			return 0, fmt.Errorf("%w: keys %q: field %d is not a hexadecimal number of %d bits", ErrProtocol, msg, i, bits)
 		}
 		return v, nil
 	}
@@ -150,10 +150,10 @@ func newOOB(c net.Conn, client bool, timeout time.Duration) *oob {
 
 func (o *oob) write(b []byte) error {
 	if err := o.c.SetWriteDeadline(time.Now().Add(o.timeout)); err != nil {
-		return fmt.Errorf("perf: exchange: %w", err)
+		return fmt.Errorf("exchange: %w", err)
 	}
 	if _, err := o.c.Write(b); err != nil {
-		return fmt.Errorf("perf: exchange: writing %d bytes: %w", len(b), err)
+		return fmt.Errorf("exchange: writing %d bytes: %w", len(b), err)
 	}
 	return nil
 }
@@ -164,14 +164,14 @@ func (o *oob) read(n int) ([]byte, error) {
 		deadline = time.Now().Add(o.timeout)
 	}
 	if err := o.c.SetReadDeadline(deadline); err != nil {
-		return nil, fmt.Errorf("perf: exchange: %w", err)
+		return nil, fmt.Errorf("exchange: %w", err)
 	}
 	b := make([]byte, n)
 	if _, err := io.ReadFull(o.c, b); err != nil {
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 			return nil, fmt.Errorf("%w: the peer closed the connection while %d bytes were expected: %w", ErrProtocol, n, err)
 		}
-		return nil, fmt.Errorf("perf: exchange: reading %d bytes: %w", n, err)
+		return nil, fmt.Errorf("exchange: reading %d bytes: %w", n, err)
 	}
 	return b, nil
 }
@@ -373,11 +373,11 @@ func dial(ctx context.Context, addr string, patience time.Duration) (net.Conn, e
 		}
 		retry := errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH)
 		if !retry || ctx.Err() != nil {
-			return nil, fmt.Errorf("perf: couldn't connect to %s: %w", addr, err)
+			return nil, fmt.Errorf("couldn't connect to %s: %w", addr, err)
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("perf: couldn't connect to %s: %w", addr, err)
+			return nil, fmt.Errorf("couldn't connect to %s: %w", addr, err)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

@@ -292,14 +292,14 @@ func Run(ctx context.Context, o Options, env Env, stdout io.Writer) (*Result, er
 func (o *Options) check() error {
 	switch {
 	case o.Type != verbs.RC && o.Type != verbs.UC && o.Type != verbs.UD:
-		return fmt.Errorf("%w: QP type %d", ErrUsage, o.Type)
+		return usagef("QP type %d: want RC, UC or UD", o.Type)
 	case o.ODP:
 		return errors.New("the device isn't ODP capable or does not support RC send and receive with ODP")
 	case o.Size < 0 || o.Iters < 0 || o.RxDepth < 1 || o.Port < 0 || o.Port > 65535:
-		return fmt.Errorf("%w: size %d, iters %d, rx depth %d, port %d", ErrUsage, o.Size, o.Iters, o.RxDepth, o.Port)
+		return usagef("size %d, iterations %d, rx depth %d or port %d out of range", o.Size, o.Iters, o.RxDepth, o.Port)
 	}
 	if _, ok := verbs.MTUFromBytes(o.MTU); !ok {
-		return fmt.Errorf("%w: path MTU %d", ErrUsage, o.MTU)
+		return usagef("path MTU %d: choose from 256, 512, 1024, 2048 or 4096", o.MTU)
 	}
 	return nil
 }
