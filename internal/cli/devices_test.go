@@ -14,6 +14,7 @@ import (
 	"github.com/taproce/taproce/appliance"
 	"github.com/taproce/taproce/appliance/control"
 	"github.com/taproce/taproce/tap"
+	"github.com/taproce/taproce/verbs"
 )
 
 // startVerbsRig runs an appliance with two ports (taproce0 10.77.0.1,
@@ -76,16 +77,24 @@ func TestDevicesCommand(t *testing.T) {
 	if code != 0 || out != want {
 		t.Fatalf("devices: exit %d\n%q\nwant\n%q\n%s", code, out, want, errOut)
 	}
+	if errOut != "" {
+		t.Errorf("devices: stderr %q", errOut)
+	}
+	// From another namespace: the empty table and exit 0, as ibv_devices
+	// with no device, and on stderr why it is empty.
 	elsewhere.Store(true)
 	header := strings.Join(strings.SplitAfter(want, "\n")[:2], "")
-	if code, out, _ = runCmd("devices"); code != 0 || out != header {
-		t.Errorf("devices from another namespace:\n%s", out)
+	note := "taproce devices: no device of this network namespace is served by the appliance at " + verbs.Socket() +
+		" (`taproce devices -a` lists all 2)\n"
+	if code, out, errOut = runCmd("devices"); code != 0 || out != header || errOut != note {
+		t.Errorf("devices from another namespace: exit %d\n%s%s\nwant 0 and\n%s%s", code, out, errOut, header, note)
 	}
-	if code, out, _ = runCmd("devices", "-a"); code != 0 || out != want {
-		t.Errorf("devices -a from another namespace:\n%s", out)
+	if code, out, errOut = runCmd("devices", "-a"); code != 0 || out != want || errOut != "" {
+		t.Errorf("devices -a from another namespace:\n%s%s", out, errOut)
 	}
-	if code, out, _ = runCmd("devinfo"); code != 1 {
-		t.Errorf("devinfo from another namespace: exit %d\n%s", code, out)
+	if code, out, errOut = runCmd("devinfo"); code != 1 || out != "" ||
+		errOut != "No IB devices found\n"+strings.Replace(note, "taproce devices:", "taproce devinfo:", 1) {
+		t.Errorf("devinfo from another namespace: exit %d\n%s%s", code, out, errOut)
 	}
 	if code, _, _ = runCmd("devices", "extra"); code != 2 {
 		t.Errorf("devices extra: exit %d", code)
@@ -109,6 +118,32 @@ func TestNoAppliance(t *testing.T) {
 			"of a running appliance.\n"
 		if code != 1 || out != "" || errOut != want {
 			t.Errorf("taproce %q: exit %d, out %q, err\n%s\nwant 1 and\n%s", args, code, out, errOut, want)
+		}
+	}
+}
+
+// TestDevicesNone: an appliance that serves no device gives the empty
+// table, exit 0, and a line on stderr saying so.
+func TestDevicesNone(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "taproce.sock")
+	t.Setenv("TAPROCE_SOCKET", sock)
+	app := appliance.New(appliance.Options{Socket: sock, Logger: slog.New(slog.DiscardHandler)})
+	if err := app.Control().Listen(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- app.Serve(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+		app.Close()
+	}()
+	for _, args := range [][]string{{"devices"}, {"devices", "-a"}} {
+		code, out, errOut := runCmd(args...)
+		header := "    device          \t   node GUID\n    ------          \t----------------\n"
+		if note := "taproce devices: the appliance at " + sock + " serves no device\n"; code != 0 || out != header || errOut != note {
+			t.Errorf("%q: exit %d\n%s%s\nwant 0 and\n%s%s", args, code, out, errOut, header, note)
 		}
 	}
 }
