@@ -1,8 +1,10 @@
 package cli
 
 import (
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestBadCommandLines: a wrong command line of perf or pingpong is one
@@ -68,6 +70,40 @@ func TestBadCommandLines(t *testing.T) {
 		first, rest, _ := strings.Cut(errOut, "\n")
 		if want := "taproce " + args[0] + ": " + c.want; code != 2 || out != "" || first != want || !strings.Contains(rest, "Usage:") {
 			t.Errorf("taproce %s: exit %d, out %q, stderr\n%.300s\nwant 2, nothing, and\n%s\nthen the usage", c.args, code, out, errOut, want)
+		}
+	}
+}
+
+// TestClientNoServer: a perf or pingpong client pointed at a port where
+// no server listens gives up by itself after its few tries, with the
+// tools' "couldn't connect to HOST:PORT" and exit status 1. (The minute
+// allowed only turns a hang into a failure.)
+func TestClientNoServer(t *testing.T) {
+	startVerbsRig(t)
+	port := fmt.Sprint(ppFreePort(t))
+	for _, args := range [][]string{
+		{"perf", "send_lat", "-d", "taproce1", "-p", port, "127.0.0.1"},
+		{"perf", "write_bw", "-d", "taproce1", "127.0.0.1:" + port},
+		{"pingpong", "-d", "taproce1", "-p", port, "127.0.0.1"},
+		{"pingpong", "--ud", "-d", "taproce1", "-p", port, "127.0.0.1"},
+	} {
+		type result struct {
+			code   int
+			errOut string
+		}
+		done := make(chan result, 1)
+		go func() {
+			code, _, errOut := runCmd(args...)
+			done <- result{code, errOut}
+		}()
+		select {
+		case r := <-done:
+			want := "taproce " + args[0] + ": couldn't connect to 127.0.0.1:" + port + ": connection refused (tried 10 times, 100ms apart)\n"
+			if r.code != 1 || r.errOut != want {
+				t.Errorf("taproce %q: exit %d, stderr %q; want 1 and %q", args, r.code, r.errOut, want)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("taproce %q still waits for a server after a minute", args)
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"strconv"
 
+	"github.com/taproce/taproce/internal/oobconn"
 	"github.com/taproce/taproce/verbs"
 )
 
@@ -96,15 +97,17 @@ func ctxErr(ctx context.Context, err error) error {
 	return err
 }
 
-// connect makes the out-of-band connection: a server accepts one client
-// on its port (or Config.Listener), a client connects to the server.
+// connect makes the out-of-band connection: a server waits, without end
+// as perftest's does, for one client on its port (or Config.Listener),
+// until ctx ends; a client connects to the server, giving up after
+// oobconn's few tries where nothing listens.
 func connect(ctx context.Context, p *params, pr *printer) (net.Conn, error) {
 	if !p.IsServer() {
 		addr := p.Server
 		if _, _, err := net.SplitHostPort(addr); err != nil {
 			addr = net.JoinHostPort(addr, strconv.Itoa(p.Port))
 		}
-		return dial(ctx, addr, p.IdleTimeout)
+		return oobconn.Dial(ctx, addr)
 	}
 	pr.text("\n************************************\n* Waiting for client to connect... *\n************************************\n")
 	ln := p.Listener
@@ -113,15 +116,13 @@ func connect(ctx context.Context, p *params, pr *printer) (net.Conn, error) {
 		var err error
 		ln, err = lc.Listen(ctx, "tcp4", ":"+strconv.Itoa(p.Port))
 		if err != nil {
-			return nil, fmt.Errorf("couldn't listen to port %d: %w", p.Port, err)
+			return nil, oobconn.Wrapf(err, "couldn't listen to port %d", p.Port)
 		}
 	}
 	defer ln.Close()
-	stop := context.AfterFunc(ctx, func() { ln.Close() })
-	defer stop()
-	c, err := ln.Accept()
+	c, err := oobconn.Accept(ctx, ln)
 	if err != nil {
-		return nil, ctxErr(ctx, fmt.Errorf("accept: %w", err))
+		return nil, ctxErr(ctx, oobconn.Wrapf(err, "couldn't accept the client"))
 	}
 	return c, nil
 }

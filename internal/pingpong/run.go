@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/taproce/taproce/internal/oobconn"
 	"github.com/taproce/taproce/internal/spin"
 	"github.com/taproce/taproce/verbs"
 )
@@ -461,40 +462,32 @@ func (s *side) connect(ctx context.Context, local, remote Dest) error {
 	return nil
 }
 
+// clientExchange connects to the server, giving up after oobconn's few
+// tries where nothing listens, and exchanges addresses with it.
 func (s *side) clientExchange(ctx context.Context, local Dest) (Dest, error) {
-	addr := net.JoinHostPort(s.o.Server, strconv.Itoa(s.o.Port))
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", addr)
+	c, err := oobconn.Dial(ctx, net.JoinHostPort(s.o.Server, strconv.Itoa(s.o.Port)))
 	if err != nil {
-		return Dest{}, fmt.Errorf("couldn't connect to %s:%d: %w", s.o.Server, s.o.Port, err)
+		return Dest{}, err
 	}
 	defer c.Close()
-	remote, err := ClientExchange(ctx, c, local)
-	if err != nil {
-		return Dest{}, fmt.Errorf("couldn't read/write remote address: %w", err)
-	}
-	return remote, nil
+	return ClientExchange(ctx, c, local)
 }
 
+// serverExchange waits, without end as the tools' servers do, for a client
+// on the port (or ln) until ctx ends, and exchanges addresses with it.
 func (s *side) serverExchange(ctx context.Context, ln net.Listener, local Dest) (Dest, error) {
 	if ln == nil {
 		var lc net.ListenConfig
 		l, err := lc.Listen(ctx, "tcp", net.JoinHostPort("", strconv.Itoa(s.o.Port)))
 		if err != nil {
-			return Dest{}, fmt.Errorf("couldn't listen to port %d: %w", s.o.Port, err)
+			return Dest{}, oobconn.Wrapf(err, "couldn't listen to port %d", s.o.Port)
 		}
 		defer l.Close()
 		ln = l
 	}
-	stop := context.AfterFunc(ctx, func() {
-		if d, ok := ln.(interface{ SetDeadline(time.Time) error }); ok {
-			_ = d.SetDeadline(time.Now())
-		}
-	})
-	c, err := ln.Accept()
-	stop()
+	c, err := oobconn.Accept(ctx, ln)
 	if err != nil {
-		return Dest{}, fmt.Errorf("accept() failed: %w", ctxErr(ctx, err))
+		return Dest{}, oobconn.Wrapf(err, "accept() failed")
 	}
 	defer c.Close()
 	return ServerExchange(ctx, c, local, func(remote Dest) error {
