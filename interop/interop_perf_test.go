@@ -181,6 +181,24 @@ func (r *perfRig) command(ctx context.Context, args ...string) *exec.Cmd {
 	return c
 }
 
+// clientOutput runs `taproce perf ARGS` as a client of a server in the VM
+// that may not listen yet, and returns its output: again while it cannot
+// connect (it gives up after a second, as perftest's client gives up at
+// once), up to 100 times 0.2 s apart, as vmConnectRetry runs perftest's.
+func (r *perfRig) clientOutput(ctx context.Context, args ...string) ([]byte, error) {
+	for i := 1; ; i++ {
+		out, err := r.command(ctx, args...).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "couldn't connect") || i == 100 || ctx.Err() != nil {
+			return out, err
+		}
+		select {
+		case <-ctx.Done():
+			return out, err
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
 // waitListening waits until a socket listens on TCP port in Namespace.
 func waitListening(ctx context.Context, port int) error {
 	for {
@@ -491,7 +509,7 @@ func (o *perfOutcome) check(c perfCase, mtu, size int, ours []perf.Result, their
 
 // perfVMServer runs the tool as server in the VM for every size, one
 // after another in one task (Spawn), and `taproce perf` as its client for each
-// (which retries its connection until the next server listens).
+// (run again while it cannot connect, until the next server listens).
 func perfVMServer(t *testing.T, p *Peer, r *perfRig, c perfCase, mtu int, rec *perfRecorder) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -513,7 +531,7 @@ func perfVMServer(t *testing.T, p *Peer, r *perfRig, c perfCase, mtu int, rec *p
 		s0 := r.snap()
 		rctx, rcancel := context.WithTimeout(ctx, 3*time.Minute)
 		args := append(c.ourArgs(mtu, size), p.IP.String())
-		o, err := r.command(rctx, args...).CombinedOutput()
+		o, err := r.clientOutput(rctx, args...)
 		rcancel()
 		runs[i] = run{s0: s0, s1: r.end(c), text: string(o), err: err}
 		if err == nil {
@@ -917,7 +935,7 @@ func TestPerftestOptions(t *testing.T) {
 			defer cancel()
 			s0 := r.snap()
 			job := p.Spawn(ctx, "perf-opt-server", withCounters("timeout 240 "+c.tool+" "+vmArgs))
-			out, err := r.command(ctx, append(ourArgs, p.IP.String())...).CombinedOutput()
+			out, err := r.clientOutput(ctx, append(ourArgs, p.IP.String())...)
 			s1 := r.snap()
 			t.Logf("taproce perf %s %s:\n%s", strings.Join(ourArgs, " "), p.IP, strings.TrimSpace(string(out)))
 			if err != nil {

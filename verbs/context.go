@@ -38,6 +38,24 @@ func Socket() string {
 // ErrClosed is returned for using a closed context or object.
 var ErrClosed = errors.New("verbs: closed")
 
+// ErrNoAppliance is wrapped by the errors of calls that found no appliance
+// at the socket: no socket there, or one an appliance left behind.
+var ErrNoAppliance = errors.New("verbs: no appliance is listening")
+
+// NoApplianceError is the error of reaching for an appliance where none
+// listens. It names the socket, so that a command can say where it looked
+// and how to get one there; it wraps ErrNoAppliance and the dial's error.
+type NoApplianceError struct {
+	Socket string
+	Err    error
+}
+
+func (e *NoApplianceError) Error() string {
+	return fmt.Sprintf("verbs: no appliance is listening at %s", e.Socket)
+}
+
+func (e *NoApplianceError) Unwrap() []error { return []error{ErrNoAppliance, e.Err} }
+
 // conn is a control connection.
 type conn struct {
 	c *net.UnixConn
@@ -56,10 +74,14 @@ type reply struct {
 }
 
 func dial(ctx context.Context) (*conn, error) {
+	sock := Socket()
 	var d net.Dialer
-	c, err := d.DialContext(ctx, "unixpacket", Socket())
+	c, err := d.DialContext(ctx, "unixpacket", sock)
+	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+		return nil, &NoApplianceError{Socket: sock, Err: err}
+	}
 	if err != nil {
-		return nil, fmt.Errorf("verbs: appliance at %s: %w", Socket(), err)
+		return nil, fmt.Errorf("verbs: appliance at %s: %w", sock, err)
 	}
 	cn := &conn{c: c.(*net.UnixConn), waiting: map[uint32]chan reply{}, events: make(chan abi.Event, 64), done: make(chan struct{})}
 	go cn.read()

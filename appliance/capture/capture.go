@@ -22,6 +22,11 @@ import (
 // ErrLinkType is returned for captures whose link type is not Ethernet.
 var ErrLinkType = errors.New("capture: link type is not Ethernet")
 
+// ErrFormat is returned for input that does not start as a pcap or pcapng
+// file does (an empty file, text), told apart from a capture that is
+// damaged further in.
+var ErrFormat = errors.New("capture: not a pcap or pcapng file")
+
 // SnapLen is the snapshot length written into new captures: whole frames up
 // to the largest TAP super-frame.
 const SnapLen = 262144
@@ -52,17 +57,35 @@ type Reader struct {
 // pcapng section header block type, which is also the file's first word.
 const pcapngMagic = 0x0A0D0D0A
 
+// pcapMagic reports whether a file's first word, read little-endian, is a
+// pcap magic number: microsecond or nanosecond timestamps, written in
+// either byte order.
+func pcapMagic(w uint32) bool {
+	switch w {
+	case 0xa1b2c3d4, 0xd4c3b2a1, 0xa1b23c4d, 0x4d3cb2a1:
+		return true
+	}
+	return false
+}
+
 // NewReader reads a pcap or pcapng capture from r, telling the format by
 // its first four bytes.
 func NewReader(r io.Reader) (*Reader, error) {
 	br := bufio.NewReader(r)
 	head, err := br.Peek(4)
+	if errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%w: %d bytes", ErrFormat, len(head))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("capture: reading file header: %w", err)
 	}
+	magic := binary.LittleEndian.Uint32(head)
+	if magic != pcapngMagic && !pcapMagic(magic) {
+		return nil, fmt.Errorf("%w: it starts with %q", ErrFormat, head)
+	}
 	var src packetSource
 	var lt layers.LinkType
-	if binary.LittleEndian.Uint32(head) == pcapngMagic {
+	if magic == pcapngMagic {
 		ng, err := pcapgo.NewNgReader(br, pcapgo.DefaultNgReaderOptions)
 		if err != nil {
 			return nil, fmt.Errorf("capture: pcapng: %w", err)

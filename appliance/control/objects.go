@@ -107,13 +107,17 @@ func nodeGUID(m roce.MAC) uint64 {
 	return binary.BigEndian.Uint64(b[:])
 }
 
+// portAttr is what ibv_query_port reports of d's port. max_mtu is the
+// device's largest path MTU, 4096, whatever the link, and active_mtu the
+// largest the link carries (1024 on a 1500-byte link): rxe reports them so
+// (RXE_PORT_MAX_MTU, rxe_set_mtu), and tools that pick a path MTU read
+// active_mtu.
 func portAttr(d *Device) abi.PortAttr {
-	mtu := abi.MTUForNetdev(d.MTU)
 	state, phys := uint8(4), uint8(5) // IBV_PORT_ACTIVE, LinkUp
 	if d.Up != nil && !d.Up() {
 		state, phys = 1, 3 // IBV_PORT_DOWN, Disabled
 	}
-	p := abi.PortAttr{State: state, MaxMTU: uint8(mtu), ActiveMTU: uint8(mtu), LinkLayer: 2, PhysState: phys,
+	p := abi.PortAttr{State: state, MaxMTU: uint8(abi.MTU4096), ActiveMTU: uint8(abi.MTUForNetdev(d.MTU)), LinkLayer: 2, PhysState: phys,
 		ActiveWidth: 1, ActiveSpeed: 1, GIDTblLen: abi.MaxGIDs, PortCapFlags: 0x00010000 | 0x04000000,
 		MaxMsgSz: transport.MaxMessage, PKeyTblLen: 1}
 	gids := d.GIDs()

@@ -54,6 +54,27 @@ func TestDecodeCommand(t *testing.T) {
 	}
 }
 
+// TestDecodeUnreadable: a file that is not a capture gets one error line
+// and exit status 2, and no summary of the frames it did not have; beside
+// a capture, the summary says how many of the files it counts.
+func TestDecodeUnreadable(t *testing.T) {
+	text := filepath.Join(t.TempDir(), "x.txt")
+	if err := os.WriteFile(text, []byte("not a capture\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := runCmd("decode", text)
+	if want := "taproce decode: " + text + ": not a pcap or pcapng file\n"; code != 2 || out != "" || errOut != want {
+		t.Errorf("decode %s: exit %d, out %q, err %q; want 2, nothing and %q", text, code, out, errOut, want)
+	}
+	good := filepath.Join(testvectors.Dir(t), "rxe-send.pcap")
+	code, _, errOut = runCmd("decode", "-q", good, text)
+	lines := strings.Split(strings.TrimSuffix(errOut, "\n"), "\n")
+	if code != 2 || len(lines) != 2 || lines[0] != "taproce decode: "+text+": not a pcap or pcapng file" ||
+		!strings.Contains(lines[1], " frames in 1 of 2 files: ") {
+		t.Errorf("decode a capture and a text file: exit %d\n%s", code, errOut)
+	}
+}
+
 func TestCommandLine(t *testing.T) {
 	tests := []struct {
 		args []string

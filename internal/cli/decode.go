@@ -10,7 +10,9 @@ import (
 
 // runDecode implements `taproce decode [--json] FILE...`. Exit status: 0
 // when every RoCE frame parses and carries a good ICRC, 1 when one does
-// not, 2 for usage errors and unreadable files.
+// not, 2 for usage errors and unreadable files. Each unreadable file gets
+// an error line; the summary counts the files that were captures, and is
+// left out when none was.
 func runDecode(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("decode", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -22,7 +24,8 @@ func runDecode(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "addresses, UDP ports, opcode, destination QP, PSN, flags, extension")
 		fmt.Fprintln(stderr, "header fields, payload length and icrc=ok or icrc=BAD(want X got Y).")
 		fmt.Fprintln(stderr, "Frames that are not RoCEv2 are listed as skipped. Exit status 1 when")
-		fmt.Fprintln(stderr, "a RoCE frame does not parse or has a bad ICRC.")
+		fmt.Fprintln(stderr, "a RoCE frame does not parse or has a bad ICRC, 2 when a file cannot be")
+		fmt.Fprintln(stderr, "read as a capture.")
 		fmt.Fprintln(stderr)
 		fs.PrintDefaults()
 	}
@@ -51,7 +54,13 @@ func runDecode(args []string, stdout, stderr io.Writer) int {
 			status = 2
 		}
 	}
-	fmt.Fprintf(stderr, "%d frames: %d RoCE, %d skipped, %d bad\n", total.Frames, total.RoCE, total.Skipped, total.Bad)
+	if total.Files > 0 {
+		in := ""
+		if total.Files < fs.NArg() {
+			in = fmt.Sprintf(" in %d of %d files", total.Files, fs.NArg())
+		}
+		fmt.Fprintf(stderr, "%d frames%s: %d RoCE, %d skipped, %d bad\n", total.Frames, in, total.RoCE, total.Skipped, total.Bad)
+	}
 	if status == 0 && total.Bad > 0 {
 		status = 1
 	}

@@ -1,8 +1,10 @@
 package cli
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"path/filepath"
 	"strings"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/taproce/taproce/appliance"
 	"github.com/taproce/taproce/appliance/appliancetest"
+	"github.com/taproce/taproce/verbs"
 )
 
 // startVerbsRig runs an appliance with two ports (taproce0 10.77.0.1,
@@ -41,23 +44,77 @@ func TestDevicesCommand(t *testing.T) {
 	if code != 0 || out != want {
 		t.Fatalf("devices: exit %d\n%q\nwant\n%q\n%s", code, out, want, errOut)
 	}
+	if errOut != "" {
+		t.Errorf("devices: stderr %q", errOut)
+	}
+	// From another namespace: the empty table and exit 0, as ibv_devices
+	// with no device, and on stderr why it is empty.
 	elsewhere.Store(true)
 	header := strings.Join(strings.SplitAfter(want, "\n")[:2], "")
-	if code, out, _ = runCmd("devices"); code != 0 || out != header {
-		t.Errorf("devices from another namespace:\n%s", out)
+	note := "taproce devices: no device of this network namespace is served by the appliance at " + verbs.Socket() +
+		" (`taproce devices -a` lists all 2)\n"
+	if code, out, errOut = runCmd("devices"); code != 0 || out != header || errOut != note {
+		t.Errorf("devices from another namespace: exit %d\n%s%s\nwant 0 and\n%s%s", code, out, errOut, header, note)
 	}
-	if code, out, _ = runCmd("devices", "-a"); code != 0 || out != want {
-		t.Errorf("devices -a from another namespace:\n%s", out)
+	if code, out, errOut = runCmd("devices", "-a"); code != 0 || out != want || errOut != "" {
+		t.Errorf("devices -a from another namespace:\n%s%s", out, errOut)
 	}
-	if code, out, _ = runCmd("devinfo"); code != 1 {
-		t.Errorf("devinfo from another namespace: exit %d\n%s", code, out)
+	if code, out, errOut = runCmd("devinfo"); code != 1 || out != "" ||
+		errOut != "No IB devices found\n"+strings.Replace(note, "taproce devices:", "taproce devinfo:", 1) {
+		t.Errorf("devinfo from another namespace: exit %d\n%s%s", code, out, errOut)
 	}
 	if code, _, _ = runCmd("devices", "extra"); code != 2 {
 		t.Errorf("devices extra: exit %d", code)
 	}
-	t.Setenv("TAPROCE_SOCKET", filepath.Join(t.TempDir(), "none.sock"))
-	if code, _, errOut = runCmd("devices"); code != 1 || !strings.HasPrefix(errOut, "Failed to get IB devices list: ") {
-		t.Errorf("devices without an appliance: exit %d, %q", code, errOut)
+}
+
+// TestNoAppliance: every verbs client of the command line, finding no
+// appliance, says where it looked and how to get one, in the same words.
+func TestNoAppliance(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "none.sock")
+	t.Setenv("TAPROCE_SOCKET", sock)
+	for _, args := range [][]string{
+		{"devices"}, {"devices", "-a"}, {"devinfo"}, {"devinfo", "-d", "taproce0"},
+		{"pingpong"}, {"pingpong", "-d", "taproce0", "127.0.0.1"},
+		{"perf", "write_bw"}, {"perf", "send_lat", "-d", "taproce0", "127.0.0.1"},
+	} {
+		code, out, errOut := runCmd(args...)
+		want := "taproce " + args[0] + ": no appliance is listening at " + sock + "\n" +
+			"Start one with `taproce run --config FILE`, or a lab with `taproce lab --keep`\n" +
+			"(which prints the TAPROCE_SOCKET to use), or set TAPROCE_SOCKET to the socket\n" +
+			"of a running appliance.\n"
+		if code != 1 || out != "" || errOut != want {
+			t.Errorf("taproce %q: exit %d, out %q, err\n%s\nwant 1 and\n%s", args, code, out, errOut, want)
+		}
+	}
+}
+
+// TestDevicesNone: an appliance that serves no device gives the empty
+// table, exit 0, and a line on stderr saying so.
+func TestDevicesNone(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "taproce.sock")
+	t.Setenv("TAPROCE_SOCKET", sock)
+	app, err := appliance.New(appliance.Options{Socket: sock, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := app.Control().Listen(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- app.Serve(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+		app.Close()
+	}()
+	for _, args := range [][]string{{"devices"}, {"devices", "-a"}} {
+		code, out, errOut := runCmd(args...)
+		header := "    device          \t   node GUID\n    ------          \t----------------\n"
+		if note := "taproce devices: the appliance at " + sock + " serves no device\n"; code != 0 || out != header || errOut != note {
+			t.Errorf("%q: exit %d\n%s%s\nwant 0 and\n%s%s", args, code, out, errOut, header, note)
+		}
 	}
 }
 
@@ -79,8 +136,9 @@ func TestDevinfoCommand(t *testing.T) {
 		"\tphys_port_cnt:\t\t\t1\n" +
 		"\t\tport:\t1\n" +
 		"\t\t\tstate:\t\t\tPORT_ACTIVE (4)\n" +
-		// The appliance reports the netdev's MTU as max_mtu; rxe reports 4096 (5).
-		"\t\t\tmax_mtu:\t\t1024 (3)\n" +
+		// rxe's on a 1500-byte link: the device's largest path MTU, then
+		// the link's.
+		"\t\t\tmax_mtu:\t\t4096 (5)\n" +
 		"\t\t\tactive_mtu:\t\t1024 (3)\n" +
 		"\t\t\tsm_lid:\t\t\t0\n" +
 		"\t\t\tport_lid:\t\t0\n" +

@@ -1,14 +1,11 @@
 package cli
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"runtime"
-	"syscall"
 
 	"github.com/taproce/taproce/internal/perf"
 )
@@ -45,10 +42,10 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	singleProc()
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := interruptible()
 	defer stop()
 	if _, err := perf.Run(ctx, cfg, stdout); err != nil {
-		fmt.Fprintf(stderr, "taproce %v\n", err) // the error says "perf: …"
+		printError(stderr, "perf", orInterrupted(ctx, err))
 		return 1
 	}
 	return 0

@@ -27,7 +27,7 @@ func TestPerfUsage(t *testing.T) {
 		t.Errorf("bad test: %d %q", code, errb.String())
 	}
 	errb.Reset()
-	if code := Main([]string{"perf", "atomic_bw", "-s", "16"}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "taproce perf: message size cannot be changed") {
+	if code := Main([]string{"perf", "atomic_bw", "-s", "16"}, &out, &errb); code != 2 || !strings.HasPrefix(errb.String(), "taproce perf: message size cannot be changed") {
 		t.Errorf("atomic size: %d %q", code, errb.String())
 	}
 	out.Reset()

@@ -1,13 +1,9 @@
 package cli
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/taproce/taproce/internal/pingpong"
 )
@@ -28,10 +24,10 @@ func runPingpong(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	singleProc()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := interruptible()
 	defer stop()
 	if _, err := pingpong.Run(ctx, o, pingpong.Env{}, stdout); err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", argv0, err)
+		printError(stderr, "pingpong", orInterrupted(ctx, err))
 		return 1
 	}
 	return 0

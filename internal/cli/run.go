@@ -14,6 +14,10 @@ import (
 	"github.com/taproce/taproce/config"
 )
 
+// errNoConfig is the usage error of `taproce run` without --config: the
+// daemon has no default configuration, so it names where an example is.
+var errNoConfig = errors.New("--config FILE is required (config/taproce.toml in the source tree is an example; `taproce config FILE` checks one)")
+
 // runRun implements `taproce run --config FILE`: the appliance daemon. It
 // serves until SIGTERM or SIGINT, shuts down, and exits 0 when the
 // shutdown was clean; 1 when the daemon could not start or failed; 2 for
@@ -35,7 +39,13 @@ func runRun(args []string, _, stderr io.Writer) int {
 		}
 		return 2
 	}
-	if fs.NArg() != 0 || *path == "" {
+	switch {
+	case fs.NArg() != 0:
+		fmt.Fprintf(stderr, "taproce run: unexpected arguments %q\n\n", fs.Args())
+		fs.Usage()
+		return 2
+	case *path == "":
+		fmt.Fprintf(stderr, "taproce run: %v\n\n", errNoConfig)
 		fs.Usage()
 		return 2
 	}

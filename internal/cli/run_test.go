@@ -213,9 +213,10 @@ func TestRunCommandLine(t *testing.T) {
 		code int
 		err  string
 	}{
-		{[]string{"run"}, 2, "Usage: taproce run --config FILE"},
+		{[]string{"run"}, 2, "taproce run: --config FILE is required (config/taproce.toml in the source tree is an example; `taproce config FILE` checks one)\n\nUsage: taproce run --config FILE"},
+		{[]string{"run", "--log-level", "info"}, 2, "taproce run: --config FILE is required"},
 		{[]string{"run", "-h"}, 0, "Usage"},
-		{[]string{"run", "--config", bad, "extra"}, 2, "Usage"},
+		{[]string{"run", "--config", bad, "extra"}, 2, "taproce run: unexpected arguments [\"extra\"]\n\nUsage"},
 		{[]string{"run", "--bogus"}, 2, "flag provided but not defined"},
 		{[]string{"run", "--config", "/nonexistent.toml"}, 1, "no such file"},
 		{[]string{"run", "--config", bad}, 1, bad + `:1: poll: "busy" is not one of adaptive, block, spin`},

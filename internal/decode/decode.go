@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"strconv"
 	"strings"
@@ -288,11 +289,15 @@ func (r *Record) Text() string {
 
 // Stats counts what a capture held.
 type Stats struct {
+	// Files counts the files read as captures: a file that is not one
+	// adds no frames, and a summary of none would mislead.
+	Files                      int
 	Frames, RoCE, Skipped, Bad int
 }
 
 // Add adds o to s.
 func (s *Stats) Add(o Stats) {
+	s.Files += o.Files
 	s.Frames += o.Frames
 	s.RoCE += o.RoCE
 	s.Skipped += o.Skipped
@@ -305,15 +310,47 @@ type Options struct {
 	WithFile bool // name the file on every record (text: a header line)
 }
 
-// File decodes the capture at path onto w. The error is for files that
-// cannot be read; bad frames are counted in Stats.
+// FileError is File's error about a file it could not read, worded for
+// the command line ("x.txt: not a pcap or pcapng file"); it wraps the
+// reader's error.
+type FileError struct {
+	Path string
+	// Problem says what is wrong, without the path.
+	Problem string
+	Err     error
+}
+
+func (e *FileError) Error() string { return e.Path + ": " + e.Problem }
+func (e *FileError) Unwrap() error { return e.Err }
+
+// openError words the error of opening a capture.
+func openError(path string, err error) error {
+	var pe *fs.PathError
+	problem := "unreadable"
+	switch {
+	case errors.Is(err, capture.ErrFormat):
+		problem = "not a pcap or pcapng file"
+	case errors.Is(err, capture.ErrLinkType):
+		problem = "a capture of another link layer than Ethernet"
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		problem = "the file ends inside its header"
+	case errors.As(err, &pe):
+		problem = pe.Err.Error() // "no such file or directory", "permission denied"
+	}
+	return &FileError{Path: path, Problem: problem, Err: err}
+}
+
+// File decodes the capture at path onto w. The error, a *FileError for the
+// file's own faults, is for files that cannot be read (the frames before
+// the fault are decoded); bad frames are counted in Stats.
 func File(w io.Writer, path string, opt Options) (Stats, error) {
 	var st Stats
 	r, err := capture.Open(path)
 	if err != nil {
-		return st, err
+		return st, openError(path, err)
 	}
 	defer r.Close()
+	st.Files = 1
 	if opt.WithFile && !opt.JSON {
 		if _, err := fmt.Fprintf(w, "# %s\n", path); err != nil {
 			return st, err
@@ -325,8 +362,15 @@ func File(w io.Writer, path string, opt Options) (Stats, error) {
 		if errors.Is(err, io.EOF) {
 			return st, nil
 		}
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			return st, &FileError{Path: path, Problem: fmt.Sprintf("the file ends inside frame %d", st.Frames+1), Err: err}
+		}
 		if err != nil {
-			return st, fmt.Errorf("%s: after frame %d: %w", path, st.Frames, err)
+			var pe *fs.PathError
+			if errors.As(err, &pe) {
+				return st, &FileError{Path: path, Problem: pe.Err.Error(), Err: err}
+			}
+			return st, &FileError{Path: path, Problem: fmt.Sprintf("frame %d unreadable", st.Frames+1), Err: err}
 		}
 		st.Frames++
 		rec := Decode(st.Frames, f.Time, f.Data)

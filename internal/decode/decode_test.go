@@ -3,6 +3,7 @@ package decode
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -121,7 +122,7 @@ func TestFileJSON(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st != (Stats{Frames: 3, RoCE: 2, Skipped: 1, Bad: 1}) {
+	if st != (Stats{Files: 1, Frames: 3, RoCE: 2, Skipped: 1, Bad: 1}) {
 		t.Fatalf("stats %+v", st)
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
@@ -147,23 +148,45 @@ func TestFileJSON(t *testing.T) {
 	}
 }
 
-// TestFileErrors: a missing file, a file that is not a capture, and one cut
-// inside a record are errors, not panics.
+// TestFileErrors: a missing file, a directory, a file that is not a
+// capture, an empty one, one cut inside its header or inside a record are
+// errors that say what is wrong with the file in a few words, counted as
+// read (Stats.Files) only when they were captures.
 func TestFileErrors(t *testing.T) {
 	dir := t.TempDir()
-	junk := filepath.Join(dir, "junk.pcap")
-	if err := os.WriteFile(junk, []byte("this is not a capture at all"), 0o644); err != nil {
+	write := func(name string, data []byte) string {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	data, err := os.ReadFile(writeCapture(t, buildFrame(t, basePacket(roce.RCSendOnly), make([]byte, 100)),
+		buildFrame(t, basePacket(roce.RCSendOnly), make([]byte, 100))))
+	if err != nil {
 		t.Fatal(err)
 	}
-	cut := writeCapture(t, buildFrame(t, basePacket(roce.RCSendOnly), make([]byte, 100)))
-	data, _ := os.ReadFile(cut)
-	cutPath := filepath.Join(dir, "cut.pcap")
-	if err := os.WriteFile(cutPath, data[:len(data)-20], 0o644); err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range []string{filepath.Join(dir, "missing.pcap"), junk, cutPath} {
-		if _, err := File(&bytes.Buffer{}, p, Options{}); err == nil {
-			t.Errorf("%s: no error", p)
+	for _, c := range []struct {
+		path, problem string
+		files, frames int
+	}{
+		{filepath.Join(dir, "missing.pcap"), "no such file or directory", 0, 0},
+		{dir, "is a directory", 0, 0},
+		{write("junk.txt", []byte("this is not a capture at all")), "not a pcap or pcapng file", 0, 0},
+		{write("empty.pcap", nil), "not a pcap or pcapng file", 0, 0},
+		{write("head.pcap", data[:10]), "the file ends inside its header", 0, 0},
+		{write("cut.pcap", data[:len(data)-20]), "the file ends inside frame 2", 1, 1},
+	} {
+		st, err := File(&bytes.Buffer{}, c.path, Options{})
+		if want := c.path + ": " + c.problem; err == nil || err.Error() != want {
+			t.Errorf("%s: %v, want %q", c.path, err, want)
+		}
+		if fe := (*FileError)(nil); !errors.As(err, &fe) || fe.Problem != c.problem {
+			t.Errorf("%s: %#v, want a *FileError", c.path, err)
+		}
+		if st.Files != c.files || st.Frames != c.frames {
+			t.Errorf("%s: %+v, want %d files and %d frames", c.path, st, c.files, c.frames)
 		}
 	}
 }

@@ -32,4 +32,8 @@
 // The results are printed in perftest's tables, with the same columns and
 // units (MB/sec with 1 MB = 2^20 bytes, or Gb/sec with --report_gbits;
 // Mpps; usec), or as one JSON object per result line.
+//
+// Errors are sentences for the command to print after "taproce perf: ":
+// they carry no prefix of their own, and name the option and the value as
+// typed rather than quote strconv.
 package perf

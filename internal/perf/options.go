@@ -106,10 +106,10 @@ type Config struct {
 func (c *Config) IsServer() bool { return c.Server == "" }
 
 // ErrHelp is returned by ParseArgs for -h.
-var ErrHelp = errors.New("perf: help requested")
+var ErrHelp = errors.New("help requested")
 
 // ErrVersion is returned by ParseArgs for -V.
-var ErrVersion = errors.New("perf: version requested")
+var ErrVersion = errors.New("version requested")
 
 // option is a command-line option in perftest's style.
 type option struct {
@@ -122,16 +122,41 @@ type option struct {
 
 func intArg(dst func(c *Config) *int, name string, lo, hi int) func(c *Config, v string) error {
 	return func(c *Config, v string) error {
-		n, err := strconv.ParseInt(v, 0, 64)
+		n, err := parseInt(name, v, v, 1, int64(lo), int64(hi))
 		if err != nil {
-			return fmt.Errorf("perf: %s %q: not a number: %w", name, v, err)
-		}
-		if n < int64(lo) || n > int64(hi) {
-			return fmt.Errorf("perf: %s %d out of range %d..%d", name, n, lo, hi)
+			return err
 		}
 		*dst(c) = int(n)
 		return nil
 	}
+}
+
+// errNotNumber is wrapped by parseInt's error for a value that is not a
+// number at all.
+var errNotNumber = errors.New("not a number")
+
+// parseInt parses the number of option value v — decimal, 0x hexadecimal
+// or 0 octal, as perftest's strtol(v, NULL, 0) reads it — times factor,
+// and checks that it lies in lo..hi. The error is a sentence for the
+// command line that names the option and quotes the value as given, whole;
+// strconv's words stay out of it.
+func parseInt(name, v, digits string, factor, lo, hi int64) (int64, error) {
+	n, err := strconv.ParseInt(digits, 0, 64)
+	switch {
+	case errors.Is(err, strconv.ErrRange) && strings.HasPrefix(digits, "-"):
+		return 0, fmt.Errorf("%s %q: too small (min %d)", name, v, lo)
+	case errors.Is(err, strconv.ErrRange):
+		return 0, fmt.Errorf("%s %q: too large (max %d)", name, v, hi)
+	case err != nil:
+		return 0, fmt.Errorf("%s %q: %w", name, v, errNotNumber)
+	// Bounded before the multiplication, which would otherwise wrap: 16 Ti
+	// and one M came out as 1 MiB.
+	case n > hi/factor:
+		return 0, fmt.Errorf("%s %q: too large (max %d)", name, v, hi)
+	case n*factor < lo:
+		return 0, fmt.Errorf("%s %q: too small (min %d)", name, v, lo)
+	}
+	return n * factor, nil
 }
 
 var options = []option{
@@ -139,14 +164,14 @@ var options = []option{
 	{'d', "ib-dev", true, "the device to use (default: the first of this namespace)", func(c *Config, v string) error { c.Device = v; return nil }},
 	{'i', "ib-port", true, "the device port (only 1)", func(_ *Config, v string) error {
 		if v != "1" {
-			return fmt.Errorf("perf: port %s: taproce devices have one port, 1", v)
+			return fmt.Errorf("IB port %q: taproce devices have one port, 1", v)
 		}
 		return nil
 	}},
 	{'m', "mtu", true, "the path MTU: 256, 512, 1024, 2048 or 4096 (default: the port's active MTU)", func(c *Config, v string) error {
 		n, err := strconv.Atoi(v)
 		if err != nil || mtuEnum(n) == 0 {
-			return fmt.Errorf("perf: invalid MTU %q: choose from {256,512,1024,2048,4096}", v)
+			return fmt.Errorf("path MTU %q: choose from 256, 512, 1024, 2048 or 4096", v)
 		}
 		c.MTU = n
 		return nil
@@ -179,7 +204,7 @@ var options = []option{
 	}},
 	{'c', "connection", true, "the connection type (only RC)", func(_ *Config, v string) error {
 		if v != "RC" {
-			return fmt.Errorf("perf: connection type %s: only RC is supported", v)
+			return fmt.Errorf("connection type %q: only RC is supported", v)
 		}
 		return nil
 	}},
@@ -192,25 +217,24 @@ var options = []option{
 	{'h', "help", false, "print this help", func(*Config, string) error { return ErrHelp }},
 }
 
+// maxSize is the largest message perftest takes (UINT_MAX / 2).
+const maxSize = 1<<31 - 1
+
 // parseSize parses a size with perftest's K and M suffixes.
 func parseSize(v string) (int, error) {
-	f := 1
+	const name = "message size"
+	digits, f := v, int64(1)
 	switch {
 	case strings.HasSuffix(v, "K"):
-		f, v = 1024, strings.TrimSuffix(v, "K")
+		digits, f = strings.TrimSuffix(v, "K"), 1024
 	case strings.HasSuffix(v, "M"):
-		f, v = 1<<20, strings.TrimSuffix(v, "M")
+		digits, f = strings.TrimSuffix(v, "M"), 1<<20
 	}
-	n, err := strconv.ParseInt(v, 0, 64)
-	if err != nil {
-		return 0, fmt.Errorf("perf: message size %q: %w", v, err)
+	n, err := parseInt(name, v, digits, f, 1, maxSize)
+	if errors.Is(err, errNotNumber) {
+		return 0, fmt.Errorf("%s %q: not a number of bytes (K and M suffixes allowed)", name, v)
 	}
-	// Bounded before the multiplication, which would otherwise wrap: 16 Ti
-	// and one M came out as 1 MiB.
-	if n < 1 || n > (1<<31-1)/int64(f) {
-		return 0, fmt.Errorf("perf: message size should be between 1 and %d", 1<<31-1)
-	}
-	return int(n) * f, nil
+	return int(n), err
 }
 
 // ParseArgs parses a command line: the test's name, then options in
@@ -219,7 +243,7 @@ func parseSize(v string) (int, error) {
 func ParseArgs(args []string) (Config, error) {
 	c := Config{GIDIndex: -1, Inline: -1, Margin: -1, Atomic: FetchAndAdd}
 	if len(args) == 0 {
-		return c, errors.New("perf: no test given")
+		return c, errors.New("no test given")
 	}
 	if args[0] == "-h" || args[0] == "--help" {
 		return c, ErrHelp
@@ -252,7 +276,7 @@ func ParseArgs(args []string) (Config, error) {
 				}
 			}
 			if o == nil {
-				return c, fmt.Errorf("perf: unknown option --%s", name)
+				return c, fmt.Errorf("unknown option --%s", name)
 			}
 			val, hasVal = v, ok
 		} else {
@@ -262,23 +286,23 @@ func ParseArgs(args []string) (Config, error) {
 				}
 			}
 			if o == nil {
-				return c, fmt.Errorf("perf: unknown option -%c", a[1])
+				return c, fmt.Errorf("unknown option -%c", a[1])
 			}
 			if len(a) > 2 {
 				if !o.arg {
-					return c, fmt.Errorf("perf: option -%c takes no value", a[1])
+					return c, fmt.Errorf("option -%c takes no value", a[1])
 				}
 				val, hasVal = a[2:], true
 			}
 		}
 		if o.arg && !hasVal {
 			if i+1 >= len(args) {
-				return c, fmt.Errorf("perf: option %s needs a value", a)
+				return c, fmt.Errorf("option %s needs a value", a)
 			}
 			i++
 			val = args[i]
 		} else if !o.arg && hasVal {
-			return c, fmt.Errorf("perf: option %s takes no value", a)
+			return c, fmt.Errorf("option %s takes no value", a)
 		}
 		if o.short == 'A' {
 			atomicSet = true
@@ -292,10 +316,15 @@ func ParseArgs(args []string) (Config, error) {
 	case 1:
 		c.Server = pos[0]
 	default:
-		return c, fmt.Errorf("perf: more than one server address: %q", pos)
+		return c, fmt.Errorf("more than one server address: %q", pos)
 	}
 	if atomicSet && c.Test.Verb != Atomic {
-		return c, errors.New("perf: -A applies to the atomic tests only")
+		return c, errors.New("-A applies to the atomic tests only")
+	}
+	// The options' combinations are part of the command line: checked
+	// here, they are usage errors (exit 2), not a failed run.
+	if _, err := resolve(c); err != nil {
+		return c, err
 	}
 	return c, nil
 }
@@ -357,7 +386,7 @@ func resolve(c Config) (*params, error) {
 		p.QPs = 1
 	}
 	if p.QPs > 1 && t.Kind != BW {
-		return nil, errors.New("perf: multiple QPs only available on bandwidth tests")
+		return nil, errors.New("multiple QPs only available on bandwidth tests")
 	}
 	p.size = c.Size
 	reqSize := c.Size != 0
@@ -391,7 +420,7 @@ func resolve(c Config) (*params, error) {
 			p.rx = DefRxSend
 		}
 	} else if t.Verb != Send && p.rx > 1 {
-		return nil, errors.New("perf: on RDMA verbs rx depth can be only 1")
+		return nil, errors.New("on RDMA verbs rx depth can be only 1")
 	}
 	p.cqMod = c.CQMod
 	reqCQMod := c.CQMod != 0
@@ -402,10 +431,10 @@ func resolve(c Config) (*params, error) {
 	p.all = c.All
 	p.noPeak = c.NoPeak
 	if c.Atomic != CmpAndSwap && c.Atomic != FetchAndAdd {
-		return nil, fmt.Errorf("perf: atomic type %d", c.Atomic)
+		return nil, fmt.Errorf("atomic type %d", c.Atomic)
 	}
 	if c.MTU != 0 && mtuEnum(c.MTU) == 0 {
-		return nil, fmt.Errorf("perf: invalid MTU %d: choose from {256,512,1024,2048,4096}", c.MTU)
+		return nil, fmt.Errorf("path MTU %d: choose from 256, 512, 1024, 2048 or 4096", c.MTU)
 	}
 
 	// force_dependecies.
@@ -421,12 +450,12 @@ func resolve(c Config) (*params, error) {
 	p.cqMod = min(p.cqMod, p.tx)
 	if p.all {
 		if p.duration {
-			return nil, errors.New("perf: duration mode doesn't support running on all sizes")
+			return nil, errors.New("duration mode doesn't support running on all sizes")
 		}
 		p.size = MaxSize
 	}
 	if t.Verb == Atomic && p.size != DefSizeAtomic {
-		return nil, errors.New("perf: message size cannot be changed for atomic tests")
+		return nil, errors.New("message size cannot be changed for atomic tests")
 	}
 	if p.duration {
 		p.iters = 0
@@ -436,7 +465,7 @@ func resolve(c Config) (*params, error) {
 			p.margin = c.Duration / 4
 		}
 		if c.Duration <= 2*p.margin {
-			return nil, errors.New("perf: the duration must be more than twice the margin")
+			return nil, errors.New("the duration must be more than twice the margin")
 		}
 	}
 	if t == (Test{Send, BW}) && c.IsServer() {

@@ -2,7 +2,6 @@ package perf
 
 import (
 	"bytes"
-	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -12,8 +11,9 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
+
+	"github.com/taproce/taproce/internal/oobconn"
 )
 
 // Version is the perftest version whose protocol this package speaks and
@@ -37,7 +37,7 @@ const (
 )
 
 // ErrProtocol is wrapped by errors about the peer's messages.
-var ErrProtocol = errors.New("perf: out-of-band exchange")
+var ErrProtocol = errors.New("out-of-band exchange with the peer")
 
 // Dest is what a side tells the other about one of its QPs (struct
 // pingpong_dest as ctx_hand_shake sends it).
@@ -91,7 +91,7 @@ func ParseDest(msg []byte, withGID bool) (Dest, error) {
 	num := func(i, bits int) (uint64, error) {
 		v, err := strconv.ParseUint(f[i], 16, bits)
 		if err != nil {
-			return 0, fmt.Errorf("%w: keys %q: field %d: %w", ErrProtocol, msg, i, err)
+			return 0, fmt.Errorf("%w: keys %q: field %d is not a hexadecimal number of %d bits", ErrProtocol, msg, i, bits)
 		}
 		return v, nil
 	}
@@ -150,10 +150,10 @@ func newOOB(c net.Conn, client bool, timeout time.Duration) *oob {
 
 func (o *oob) write(b []byte) error {
 	if err := o.c.SetWriteDeadline(time.Now().Add(o.timeout)); err != nil {
-		return fmt.Errorf("perf: exchange: %w", err)
+		return oobconn.Wrapf(err, "out-of-band exchange")
 	}
 	if _, err := o.c.Write(b); err != nil {
-		return fmt.Errorf("perf: exchange: writing %d bytes: %w", len(b), err)
+		return oobconn.Wrapf(err, "out-of-band exchange: couldn't send %d bytes", len(b))
 	}
 	return nil
 }
@@ -164,14 +164,17 @@ func (o *oob) read(n int) ([]byte, error) {
 		deadline = time.Now().Add(o.timeout)
 	}
 	if err := o.c.SetReadDeadline(deadline); err != nil {
-		return nil, fmt.Errorf("perf: exchange: %w", err)
+		return nil, oobconn.Wrapf(err, "out-of-band exchange")
 	}
 	b := make([]byte, n)
 	if _, err := io.ReadFull(o.c, b); err != nil {
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 			return nil, fmt.Errorf("%w: the peer closed the connection while %d bytes were expected: %w", ErrProtocol, n, err)
 		}
-		return nil, fmt.Errorf("perf: exchange: reading %d bytes: %w", n, err)
+		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+			return nil, oobconn.Wrap(err, fmt.Sprintf("out-of-band exchange: no message from the peer for %v", o.timeout))
+		}
+		return nil, oobconn.Wrapf(err, "out-of-band exchange: couldn't receive %d bytes", n)
 	}
 	return b, nil
 }
@@ -357,28 +360,4 @@ func (o *oob) closeConn(my Dest, wait bool) error {
 	_ = o.c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
 	_, _ = io.ReadFull(o.c, make([]byte, len(doneMsg)))
 	return o.c.Close()
-}
-
-// dial connects a client to the server, retrying while the server is not
-// listening yet (connection refused, no route yet), for up to patience or
-// until ctx ends.
-func dial(ctx context.Context, addr string, patience time.Duration) (net.Conn, error) {
-	ctx, cancel := context.WithTimeout(ctx, patience)
-	defer cancel()
-	var d net.Dialer
-	for {
-		c, err := d.DialContext(ctx, "tcp", addr)
-		if err == nil {
-			return c, nil
-		}
-		retry := errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH)
-		if !retry || ctx.Err() != nil {
-			return nil, fmt.Errorf("perf: couldn't connect to %s: %w", addr, err)
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("perf: couldn't connect to %s: %w", addr, err)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
 }

@@ -84,7 +84,7 @@ func newRDMA(ctx context.Context, vc *verbs.Context, p *params, rc rdmaConfig) (
 
 	fail := func(err error) (*rdma, error) {
 		d.close()
-		return nil, fmt.Errorf("perf: %w", err)
+		return nil, err
 	}
 	var err error
 	if d.pd, err = vc.AllocPD(ctx); err != nil {
@@ -191,7 +191,7 @@ func (d *rdma) connect(rem []Dest) error {
 			AH: verbs.AHAttr{DGID: dgid, SGIDIndex: uint8(d.gidIndex), HopLimit: 0xff, Port: 1}},
 			verbs.QPStateMask|verbs.QPAV|verbs.QPPathMTU|verbs.QPDestQPN|verbs.QPRQPSN|verbs.QPMaxDestRdAtomic|verbs.QPMinRNRTimer)
 		if err != nil {
-			return fmt.Errorf("perf: modify QP %#x to RTR: %w", qp.Num(), err)
+			return fmt.Errorf("modify QP %#x to RTR: %w", qp.Num(), err)
 		}
 		if !rts {
 			continue
@@ -202,7 +202,7 @@ func (d *rdma) connect(rem []Dest) error {
 			MaxRdAtomic: uint8(rd)},
 			verbs.QPStateMask|verbs.QPSQPSN|verbs.QPTimeout|verbs.QPRetryCnt|verbs.QPRNRRetry|verbs.QPMaxQPRdAtomic)
 		if err != nil {
-			return fmt.Errorf("perf: modify QP %#x to RTS: %w", qp.Num(), err)
+			return fmt.Errorf("modify QP %#x to RTS: %w", qp.Num(), err)
 		}
 	}
 	return nil
@@ -293,11 +293,11 @@ func (w *waiter) wait(what string) error {
 	}
 	if w.sleeping || w.empty%64 == 0 {
 		if err := w.ctx.Err(); err != nil {
-			return fmt.Errorf("perf: %s: %w", what, err)
+			return fmt.Errorf("%s: %w", what, err)
 		}
 		waited := time.Since(w.since)
 		if waited > w.idle {
-			return fmt.Errorf("perf: %s: nothing for %v", what, w.idle)
+			return fmt.Errorf("%s: nothing for %v", what, w.idle)
 		}
 		w.sleeping = waited > w.spinFor
 	}
@@ -309,7 +309,7 @@ func (w *waiter) wait(what string) error {
 		// before the arming is seen by that poll.
 		for _, cq := range w.cqs {
 			if err := cq.ReqNotify(false); err != nil {
-				return fmt.Errorf("perf: %s: %w", what, err)
+				return fmt.Errorf("%s: %w", what, err)
 			}
 		}
 		w.armed = true
@@ -325,7 +325,7 @@ func (w *waiter) wait(what string) error {
 		cancel()
 		w.armed = false
 		if err != nil && w.ctx.Err() != nil {
-			return fmt.Errorf("perf: %s: %w", what, w.ctx.Err())
+			return fmt.Errorf("%s: %w", what, w.ctx.Err())
 		}
 		// Woken (or at the idle deadline, which the next wait reports).
 	default:
@@ -387,7 +387,7 @@ func (c *durClock) sample() (int64, int64) {
 
 // wcError formats a failed completion as perftest's NOTIFY_COMP_ERROR.
 func wcError(what string, wc verbs.WC, a, b uint64) error {
-	return fmt.Errorf("perf: completion with error at %s: status %d (%v), vendor error %#x, counts %d/%d",
+	return fmt.Errorf("completion with error at %s: status %d (%v), vendor error %#x, counts %d/%d",
 		what, wc.Status, wc.Status, wc.VendorErr, a, b)
 }
 
@@ -403,7 +403,7 @@ func (d *rdma) prepare(size int) error {
 		for j := range d.p.rx {
 			wr := []verbs.RecvWR{{ID: uint64(i), SGL: []verbs.SGE{{Addr: addr, Length: uint32(size), LKey: d.mr.LKey}}}}
 			if _, err := qp.PostRecv(wr); err != nil {
-				return fmt.Errorf("perf: couldn't post receive QP %d: counter=%d: %w", i, j, err)
+				return fmt.Errorf("couldn't post receive QP %d: counter=%d: %w", i, j, err)
 			}
 			if d.p.Test.Kind == BW && size <= d.cycle/2 {
 				addr = d.advance(addr, base, size, uint64(j))
@@ -495,7 +495,7 @@ func (d *rdma) setInline(wr *verbs.SendWR, size int) {
 // post posts one work request.
 func post(qp *verbs.QP, wr []verbs.SendWR) error {
 	if _, err := qp.PostSend(wr); err != nil {
-		return fmt.Errorf("perf: couldn't post send: %w", err)
+		return fmt.Errorf("couldn't post send: %w", err)
 	}
 	return nil
 }
@@ -564,7 +564,7 @@ func (d *rdma) runBW(size int) (*Result, error) {
 		if totccnt < tot || p.duration && totccnt < totscnt {
 			ne := d.scq.Poll(d.wcs)
 			if ne < 0 {
-				return nil, fmt.Errorf("perf: poll CQ failed %d", ne)
+				return nil, fmt.Errorf("poll CQ failed %d", ne)
 			}
 			if ne == 0 {
 				if err := w.wait("waiting for send completions"); err != nil {
@@ -649,7 +649,7 @@ func (d *rdma) runBWServer(size int) (*Result, error) {
 		}
 		ne := d.rcq.Poll(d.wcs)
 		if ne < 0 {
-			return nil, fmt.Errorf("perf: poll receive CQ failed %d", ne)
+			return nil, fmt.Errorf("poll receive CQ failed %d", ne)
 		}
 		if ne == 0 {
 			if err := w.wait("waiting for receives"); err != nil {
@@ -677,7 +677,7 @@ func (d *rdma) runBWServer(size int) (*Result, error) {
 			if p.duration || posted[id]+1 <= iters {
 				wr := []verbs.RecvWR{{ID: id, SGL: []verbs.SGE{{Addr: addr[id], Length: uint32(size), LKey: d.mr.LKey}}}}
 				if _, err := d.qps[id].PostRecv(wr); err != nil {
-					return nil, fmt.Errorf("perf: couldn't post receive QP %d rcnt=%d: %w", id, rcntQP[id], err)
+					return nil, fmt.Errorf("couldn't post receive QP %d rcnt=%d: %w", id, rcntQP[id], err)
 				}
 				posted[id]++
 				if size <= d.cycle/2 {
@@ -734,7 +734,7 @@ func (d *rdma) pollOne(w *waiter, clk *durClock, what string) (verbs.WC, bool, e
 	for {
 		ne := d.scq.Poll(d.wcs[:1])
 		if ne < 0 {
-			return verbs.WC{}, false, fmt.Errorf("perf: poll CQ failed %d", ne)
+			return verbs.WC{}, false, fmt.Errorf("poll CQ failed %d", ne)
 		}
 		if ne == 1 {
 			w.progress()
@@ -888,7 +888,7 @@ func (d *rdma) runLatSend(size int) (*Result, error) {
 				}
 				ne := d.rcq.Poll(d.wcs[:1])
 				if ne < 0 {
-					return nil, fmt.Errorf("perf: poll CQ failed %d", ne)
+					return nil, fmt.Errorf("poll CQ failed %d", ne)
 				}
 				if ne == 0 {
 					if err := w.wait("waiting for the peer's send"); err != nil {
@@ -912,7 +912,7 @@ func (d *rdma) runLatSend(size int) (*Result, error) {
 				if p.duration || rcnt+sizePerQP <= iters {
 					rwr := []verbs.RecvWR{{ID: wc.ID, SGL: []verbs.SGE{{Addr: rxBase, Length: uint32(size), LKey: d.mr.LKey}}}}
 					if _, err := d.qps[0].PostRecv(rwr); err != nil {
-						return nil, fmt.Errorf("perf: couldn't post receive: rcnt=%d: %w", rcnt, err)
+						return nil, fmt.Errorf("couldn't post receive: rcnt=%d: %w", rcnt, err)
 					}
 				}
 				break

@@ -10,6 +10,7 @@ import (
 	"os"
 	"strconv"
 
+	"github.com/taproce/taproce/internal/oobconn"
 	"github.com/taproce/taproce/verbs"
 )
 
@@ -41,19 +42,19 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 	pr := &printer{w: w, json: cfg.JSON}
 	vc, err := verbs.Open(ctx, cfg.Device)
 	if err != nil {
-		return nil, fmt.Errorf("perf: %w", err)
+		return nil, err
 	}
 	defer vc.Close()
 	port, err := vc.QueryPort(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("perf: %w", err)
+		return nil, err
 	}
 	gidIndex := cfg.GIDIndex
 	if gidIndex < 0 {
 		gidIndex = bestGID(port.GIDs)
 	}
 	if gidIndex >= len(port.GIDs) {
-		return nil, fmt.Errorf("perf: GID index %d: the port has %d GIDs", gidIndex, len(port.GIDs))
+		return nil, fmt.Errorf("GID index %d: the port has %d GIDs", gidIndex, len(port.GIDs))
 	}
 	gid := port.GIDs[gidIndex]
 	cur := int(port.ActiveMTU)
@@ -91,20 +92,22 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 // ctxErr prefers the context's error to the failure it caused.
 func ctxErr(ctx context.Context, err error) error {
 	if err != nil && ctx.Err() != nil {
-		return fmt.Errorf("perf: %w (%w)", ctx.Err(), err)
+		return fmt.Errorf("%w (%w)", ctx.Err(), err)
 	}
 	return err
 }
 
-// connect makes the out-of-band connection: a server accepts one client
-// on its port (or Config.Listener), a client connects to the server.
+// connect makes the out-of-band connection: a server waits, without end
+// as perftest's does, for one client on its port (or Config.Listener),
+// until ctx ends; a client connects to the server, giving up after
+// oobconn's few tries where nothing listens.
 func connect(ctx context.Context, p *params, pr *printer) (net.Conn, error) {
 	if !p.IsServer() {
 		addr := p.Server
 		if _, _, err := net.SplitHostPort(addr); err != nil {
 			addr = net.JoinHostPort(addr, strconv.Itoa(p.Port))
 		}
-		return dial(ctx, addr, p.IdleTimeout)
+		return oobconn.Dial(ctx, addr)
 	}
 	pr.text("\n************************************\n* Waiting for client to connect... *\n************************************\n")
 	ln := p.Listener
@@ -113,15 +116,13 @@ func connect(ctx context.Context, p *params, pr *printer) (net.Conn, error) {
 		var err error
 		ln, err = lc.Listen(ctx, "tcp4", ":"+strconv.Itoa(p.Port))
 		if err != nil {
-			return nil, fmt.Errorf("perf: couldn't listen to port %d: %w", p.Port, err)
+			return nil, oobconn.Wrapf(err, "couldn't listen to port %d", p.Port)
 		}
 	}
 	defer ln.Close()
-	stop := context.AfterFunc(ctx, func() { ln.Close() })
-	defer stop()
-	c, err := ln.Accept()
+	c, err := oobconn.Accept(ctx, ln)
 	if err != nil {
-		return nil, ctxErr(ctx, fmt.Errorf("perf: accept: %w", err))
+		return nil, ctxErr(ctx, oobconn.Wrapf(err, "couldn't accept the client"))
 	}
 	return c, nil
 }
@@ -152,7 +153,7 @@ func mtuEnum(n int) int {
 }
 
 // errGIDTypes is ctx_check_gid_compatibility's complaint.
-var errGIDTypes = errors.New("perf: found incompatibility issue with GID types: one side uses IPv4, the other IPv6; use the same IP version on both")
+var errGIDTypes = errors.New("found incompatibility issue with GID types: one side uses IPv4, the other IPv6; use the same IP version on both")
 
 // exchange runs a test's out-of-band protocol in perftest's order (the
 // main functions of write_bw.c, send_bw.c, write_lat.c, read_lat.c,

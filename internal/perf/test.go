@@ -53,7 +53,7 @@ func ParseTest(s string) (Test, error) {
 			return t, nil
 		}
 	}
-	return Test{}, fmt.Errorf("perf: unknown test %q (want one of write_bw, read_bw, send_bw, atomic_bw, write_lat, read_lat, send_lat, atomic_lat)", s)
+	return Test{}, fmt.Errorf("unknown test %q (want one of write_bw, read_bw, send_bw, atomic_bw, write_lat, read_lat, send_lat, atomic_lat)", s)
 }
 
 // String returns the test's name, e.g. "write_bw".
@@ -94,7 +94,7 @@ func ParseAtomicType(s string) (AtomicType, error) {
 	case "FETCH_AND_ADD":
 		return FetchAndAdd, nil
 	}
-	return 0, fmt.Errorf("perf: invalid atomic type %q, choose from {CMP_AND_SWAP,FETCH_AND_ADD}", s)
+	return 0, fmt.Errorf("atomic type %q: choose from CMP_AND_SWAP or FETCH_AND_ADD", s)
 }
 
 // title is the line ctx_print_test_info prints, e.g. "RDMA_Write BW Test".

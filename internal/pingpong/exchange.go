@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"time"
+
+	"github.com/taproce/taproce/internal/oobconn"
 )
 
 // interruptible makes ctx's end interrupt blocked reads and writes on c;
@@ -28,14 +30,14 @@ func ctxErr(ctx context.Context, err error) error {
 func ClientExchange(ctx context.Context, c net.Conn, local Dest) (Dest, error) {
 	defer interruptible(ctx, c)()
 	if _, err := c.Write(local.Marshal()); err != nil {
-		return Dest{}, fmt.Errorf("couldn't send local address: %w", ctxErr(ctx, err))
+		return Dest{}, oobconn.Wrapf(ctxErr(ctx, err), "couldn't send local address")
 	}
 	msg := make([]byte, DestLen)
 	if _, err := io.ReadFull(c, msg); err != nil {
-		return Dest{}, fmt.Errorf("couldn't read remote address: %w", ctxErr(ctx, err))
+		return Dest{}, oobconn.Wrapf(ctxErr(ctx, err), "couldn't read remote address")
 	}
 	if _, err := io.WriteString(c, doneMsg); err != nil {
-		return Dest{}, fmt.Errorf("couldn't write done: %w", ctxErr(ctx, err))
+		return Dest{}, oobconn.Wrapf(ctxErr(ctx, err), "couldn't write done")
 	}
 	return ParseDest(msg)
 }
@@ -49,7 +51,7 @@ func ServerExchange(ctx context.Context, c net.Conn, local Dest, connect func(re
 	defer interruptible(ctx, c)()
 	msg := make([]byte, DestLen)
 	if n, err := io.ReadFull(c, msg); err != nil {
-		return Dest{}, fmt.Errorf("%d/%d: couldn't read remote address: %w", n, DestLen, ctxErr(ctx, err))
+		return Dest{}, oobconn.Wrapf(ctxErr(ctx, err), "couldn't read remote address (%d of %d bytes)", n, DestLen)
 	}
 	remote, err := ParseDest(msg)
 	if err != nil {
@@ -61,11 +63,11 @@ func ServerExchange(ctx context.Context, c net.Conn, local Dest, connect func(re
 		}
 	}
 	if _, err := c.Write(local.Marshal()); err != nil {
-		return remote, fmt.Errorf("couldn't send local address: %w", ctxErr(ctx, err))
+		return remote, oobconn.Wrapf(ctxErr(ctx, err), "couldn't send local address")
 	}
 	done := make([]byte, len(doneMsg))
 	if _, err := io.ReadFull(c, done); err != nil {
-		return remote, fmt.Errorf("couldn't read done: %w", ctxErr(ctx, err))
+		return remote, oobconn.Wrapf(ctxErr(ctx, err), "couldn't read done")
 	}
 	if string(done) != doneMsg {
 		return remote, fmt.Errorf("%w: the client ended the exchange with %q, want %q", ErrDest, done, doneMsg)

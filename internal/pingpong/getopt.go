@@ -28,6 +28,15 @@ type Parsed struct {
 // ErrUsage is wrapped by the errors of a command line that does not parse.
 var ErrUsage = errors.New("usage")
 
+// usageError is an error of the command line: its text is the message
+// alone, worded to follow "taproce pingpong: ", and it is ErrUsage.
+type usageError string
+
+func (e usageError) Error() string        { return string(e) }
+func (e usageError) Is(target error) bool { return target == ErrUsage }
+
+func usagef(format string, args ...any) error { return usageError(fmt.Sprintf(format, args...)) }
+
 // Getopt parses args as getopt_long does with GNU's argument permutation:
 // options anywhere ("-s 64", "-s64", "-ec", "--size=64", "--size 64",
 // unique prefixes of long names), operands collected in order, "--" ending
@@ -54,10 +63,10 @@ func Getopt(args []string, opts []Option) ([]Parsed, []string, error) {
 			}
 			switch {
 			case !o.Arg && hasVal:
-				return nil, nil, fmt.Errorf("%w: option '--%s' doesn't allow an argument", ErrUsage, o.Long)
+				return nil, nil, usagef("option '--%s' doesn't allow an argument", o.Long)
 			case o.Arg && !hasVal:
 				if i+1 == len(args) {
-					return nil, nil, fmt.Errorf("%w: option '--%s' requires an argument", ErrUsage, o.Long)
+					return nil, nil, usagef("option '--%s' requires an argument", o.Long)
 				}
 				i++
 				val = args[i]
@@ -67,7 +76,7 @@ func Getopt(args []string, opts []Option) ([]Parsed, []string, error) {
 			for j := 1; j < len(a); j++ {
 				o := findShort(opts, a[j])
 				if o == nil {
-					return nil, nil, fmt.Errorf("%w: invalid option -- '%c'", ErrUsage, a[j])
+					return nil, nil, usagef("invalid option -- '%c'", a[j])
 				}
 				if !o.Arg {
 					out = append(out, Parsed{name(o), ""})
@@ -76,7 +85,7 @@ func Getopt(args []string, opts []Option) ([]Parsed, []string, error) {
 				val := a[j+1:]
 				if val == "" {
 					if i+1 == len(args) {
-						return nil, nil, fmt.Errorf("%w: option requires an argument -- '%c'", ErrUsage, a[j])
+						return nil, nil, usagef("option requires an argument -- '%c'", a[j])
 					}
 					i++
 					val = args[i]
@@ -112,12 +121,12 @@ func findLong(opts []Option, key string) (*Option, error) {
 			return o, nil
 		}
 		if found != nil {
-			return nil, fmt.Errorf("%w: option '--%s' is ambiguous", ErrUsage, key)
+			return nil, usagef("option '--%s' is ambiguous", key)
 		}
 		found = o
 	}
 	if found == nil || key == "" {
-		return nil, fmt.Errorf("%w: unrecognized option '--%s'", ErrUsage, key)
+		return nil, usagef("unrecognized option '--%s'", key)
 	}
 	return found, nil
 }
@@ -127,10 +136,29 @@ func findLong(opts []Option, key string) (*Option, error) {
 func ParseNumber(s string) (int, error) {
 	v, err := strconv.ParseInt(strings.TrimSpace(s), 0, 64)
 	if err != nil || strings.Contains(s, "_") {
-		return 0, fmt.Errorf("%w: %q is not a number", ErrUsage, s)
+		return 0, usagef("%q is not a number", s)
 	}
 	if v != int64(int(v)) {
-		return 0, fmt.Errorf("%w: %q is out of range", ErrUsage, s)
+		return 0, usagef("%q is out of range", s)
 	}
 	return int(v), nil
+}
+
+// parseOption parses the number v of the option called name, as
+// ParseNumber does, and checks that it lies in lo..hi. Its error is a
+// usage error that names the option and quotes v, without strconv's
+// words: `message size "9G": not a number`, `port "70000": too large
+// (max 65535)`.
+func parseOption(name, v string, lo, hi int) (int, error) {
+	digits := strings.TrimSpace(v)
+	n, err := strconv.ParseInt(digits, 0, 64)
+	switch {
+	case strings.Contains(v, "_"), err != nil && !errors.Is(err, strconv.ErrRange):
+		return 0, usagef("%s %q: not a number", name, v)
+	case err != nil && strings.HasPrefix(digits, "-"), err == nil && n < int64(lo):
+		return 0, usagef("%s %q: too small (min %d)", name, v, lo)
+	case err != nil, n > int64(hi):
+		return 0, usagef("%s %q: too large (max %d)", name, v, hi)
+	}
+	return int(n), nil
 }

@@ -71,7 +71,7 @@ var options = []Option{
 }
 
 // ErrHelp is returned by ParseArgs for -h.
-var ErrHelp = fmt.Errorf("%w: help requested", ErrUsage)
+var ErrHelp error = usageError("help requested")
 
 // ParseArgs parses a `taproce pingpong` command line: options, then an
 // optional server name.
@@ -92,7 +92,7 @@ func ParseArgs(args []string) (Options, error) {
 			case "ud":
 				typ = verbs.UD
 			default:
-				return Options{}, fmt.Errorf("%w: transport %q: want rc, uc or ud", ErrUsage, p.Value)
+				return Options{}, usagef("transport %q: want rc, uc or ud", p.Value)
 			}
 		case "ud":
 			typ = verbs.UD
@@ -105,38 +105,31 @@ func ParseArgs(args []string) (Options, error) {
 		}
 	}
 	o := DefaultOptions(typ)
-	number := func(p Parsed, lo, hi int) (int, error) {
-		v, err := ParseNumber(p.Value)
-		if err == nil && (v < lo || v > hi) {
-			err = fmt.Errorf("%w: -%s %s: out of range %d…%d", ErrUsage, p.Name, p.Value, lo, hi)
-		}
-		return v, err
-	}
 	for _, p := range parsed {
 		switch p.Name {
 		case "p":
-			o.Port, err = number(p, 0, 65535)
+			o.Port, err = parseOption("port", p.Value, 0, 65535)
 		case "d":
 			o.Device = p.Value
 		case "i":
-			o.IBPort, err = number(p, 1, 255)
+			o.IBPort, err = parseOption("IB port", p.Value, 1, 255)
 		case "s":
-			o.Size, err = number(p, 0, 1<<31-1-GRHLen)
+			o.Size, err = parseOption("message size", p.Value, 0, 1<<31-1-GRHLen)
 		case "m":
-			o.MTU, err = number(p, 0, 1<<20)
-			if _, ok := verbs.MTUFromBytes(o.MTU); err == nil && !ok {
-				err = fmt.Errorf("%w: path MTU %s: want 256, 512, 1024, 2048 or 4096", ErrUsage, p.Value)
+			if _, ok := verbs.MTUFromBytes(atoi(p.Value)); !ok {
+				err = usagef("path MTU %q: choose from 256, 512, 1024, 2048 or 4096", p.Value)
 			}
+			o.MTU = atoi(p.Value)
 		case "r":
-			o.RxDepth, err = number(p, 1, 1<<20)
+			o.RxDepth, err = parseOption("rx depth", p.Value, 1, 1<<20)
 		case "n":
-			o.Iters, err = number(p, 0, 1<<31-1)
+			o.Iters, err = parseOption("iterations", p.Value, 0, 1<<31-1)
 		case "l":
-			o.SL, err = number(p, 0, 15)
+			o.SL, err = parseOption("service level", p.Value, 0, 15)
 		case "e":
 			o.Events = true
 		case "g":
-			o.GIDIndex, err = number(p, -1, 255)
+			o.GIDIndex, err = parseOption("GID index", p.Value, -1, 255)
 		case "c":
 			o.Validate = true
 		case "o", "O":
@@ -151,9 +144,19 @@ func ParseArgs(args []string) (Options, error) {
 	case 1:
 		o.Server = operands[0]
 	default:
-		return Options{}, fmt.Errorf("%w: more than one server name: %q", ErrUsage, operands)
+		return Options{}, usagef("more than one server name: %q", operands)
 	}
 	return o, nil
+}
+
+// atoi is the number s is, as strtol(s, NULL, 0) reads it, or -1 when it
+// is none.
+func atoi(s string) int {
+	n, err := ParseNumber(s)
+	if err != nil {
+		return -1
+	}
+	return n
 }
 
 // Usage writes the command's help, in the tools' words.

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/taproce/taproce/internal/oobconn"
 	"github.com/taproce/taproce/internal/spin"
 	"github.com/taproce/taproce/verbs"
 )
@@ -292,14 +293,14 @@ func Run(ctx context.Context, o Options, env Env, stdout io.Writer) (*Result, er
 func (o *Options) check() error {
 	switch {
 	case o.Type != verbs.RC && o.Type != verbs.UC && o.Type != verbs.UD:
-		return fmt.Errorf("%w: QP type %d", ErrUsage, o.Type)
+		return usagef("QP type %d: want RC, UC or UD", o.Type)
 	case o.ODP:
 		return errors.New("the device isn't ODP capable or does not support RC send and receive with ODP")
 	case o.Size < 0 || o.Iters < 0 || o.RxDepth < 1 || o.Port < 0 || o.Port > 65535:
-		return fmt.Errorf("%w: size %d, iters %d, rx depth %d, port %d", ErrUsage, o.Size, o.Iters, o.RxDepth, o.Port)
+		return usagef("size %d, iterations %d, rx depth %d or port %d out of range", o.Size, o.Iters, o.RxDepth, o.Port)
 	}
 	if _, ok := verbs.MTUFromBytes(o.MTU); !ok {
-		return fmt.Errorf("%w: path MTU %d", ErrUsage, o.MTU)
+		return usagef("path MTU %d: choose from 256, 512, 1024, 2048 or 4096", o.MTU)
 	}
 	return nil
 }
@@ -461,40 +462,32 @@ func (s *side) connect(ctx context.Context, local, remote Dest) error {
 	return nil
 }
 
+// clientExchange connects to the server, giving up after oobconn's few
+// tries where nothing listens, and exchanges addresses with it.
 func (s *side) clientExchange(ctx context.Context, local Dest) (Dest, error) {
-	addr := net.JoinHostPort(s.o.Server, strconv.Itoa(s.o.Port))
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", addr)
+	c, err := oobconn.Dial(ctx, net.JoinHostPort(s.o.Server, strconv.Itoa(s.o.Port)))
 	if err != nil {
-		return Dest{}, fmt.Errorf("couldn't connect to %s:%d: %w", s.o.Server, s.o.Port, err)
+		return Dest{}, err
 	}
 	defer c.Close()
-	remote, err := ClientExchange(ctx, c, local)
-	if err != nil {
-		return Dest{}, fmt.Errorf("couldn't read/write remote address: %w", err)
-	}
-	return remote, nil
+	return ClientExchange(ctx, c, local)
 }
 
+// serverExchange waits, without end as the tools' servers do, for a client
+// on the port (or ln) until ctx ends, and exchanges addresses with it.
 func (s *side) serverExchange(ctx context.Context, ln net.Listener, local Dest) (Dest, error) {
 	if ln == nil {
 		var lc net.ListenConfig
 		l, err := lc.Listen(ctx, "tcp", net.JoinHostPort("", strconv.Itoa(s.o.Port)))
 		if err != nil {
-			return Dest{}, fmt.Errorf("couldn't listen to port %d: %w", s.o.Port, err)
+			return Dest{}, oobconn.Wrapf(err, "couldn't listen to port %d", s.o.Port)
 		}
 		defer l.Close()
 		ln = l
 	}
-	stop := context.AfterFunc(ctx, func() {
-		if d, ok := ln.(interface{ SetDeadline(time.Time) error }); ok {
-			_ = d.SetDeadline(time.Now())
-		}
-	})
-	c, err := ln.Accept()
-	stop()
+	c, err := oobconn.Accept(ctx, ln)
 	if err != nil {
-		return Dest{}, fmt.Errorf("accept() failed: %w", ctxErr(ctx, err))
+		return Dest{}, oobconn.Wrapf(err, "accept() failed")
 	}
 	defer c.Close()
 	return ServerExchange(ctx, c, local, func(remote Dest) error {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -312,7 +313,7 @@ func TestParseArgs(t *testing.T) {
 		{[]string{"--events=1"}, nil, "doesn't allow an argument"},
 		{[]string{"--bogus"}, nil, "unrecognized option '--bogus'"},
 		{[]string{"--u"}, nil, "ambiguous"},
-		{[]string{"-m", "1000"}, nil, "path MTU 1000"},
+		{[]string{"-m", "1000"}, nil, `path MTU "1000"`},
 		{[]string{"-s", "big"}, nil, "not a number"},
 		{[]string{"-t", "rd"}, nil, "transport \"rd\""},
 		{[]string{"a", "b"}, nil, "more than one server"},
@@ -320,8 +321,8 @@ func TestParseArgs(t *testing.T) {
 	} {
 		got, err := ParseArgs(c.args)
 		if c.err != "" {
-			if err == nil || !strings.Contains(err.Error(), c.err) {
-				t.Errorf("%q: %v, want an error with %q", c.args, err, c.err)
+			if err == nil || !strings.Contains(err.Error(), c.err) || !errors.Is(err, ErrUsage) {
+				t.Errorf("%q: %v, want a usage error with %q", c.args, err, c.err)
 			}
 			continue
 		}
