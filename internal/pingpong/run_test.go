@@ -16,6 +16,7 @@ import (
 
 	"github.com/taproce/taproce/appliance"
 	"github.com/taproce/taproce/appliance/control"
+	"github.com/taproce/taproce/appliance/impair"
 	"github.com/taproce/taproce/tap"
 	"github.com/taproce/taproce/verbs"
 )
@@ -24,6 +25,13 @@ import (
 // taproce1 10.77.0.2) on a fake wire of the given MTU, serving verbs on a
 // socket in a temporary directory that TAPROCE_SOCKET names.
 func startAppliance(t testing.TB, localSwitch bool, mtu int) *appliance.Appliance {
+	t.Helper()
+	return startImpaired(t, localSwitch, mtu, impair.Spec{})
+}
+
+// startImpaired is startAppliance with every frame the two ports send
+// impaired as spec says.
+func startImpaired(t testing.TB, localSwitch bool, mtu int, spec impair.Spec) *appliance.Appliance {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "taproce.sock")
 	t.Setenv("TAPROCE_SOCKET", sock)
@@ -37,7 +45,7 @@ func startAppliance(t testing.TB, localSwitch bool, mtu int) *appliance.Applianc
 	for i, dev := range []tap.Device{a, b} {
 		addr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 77, 0, byte(i + 1)}), 24)
 		if _, err := app.AddPortOn(dev, appliance.PortConfig{Namespace: "pingpong", Name: dev.Name(), MTU: mtu,
-			Addrs: []netip.Prefix{addr}}); err != nil {
+			Addrs: []netip.Prefix{addr}, Egress: spec}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -242,6 +250,42 @@ func firstDiff(a, b []byte) int {
 	return min(len(a), len(b))
 }
 
+var datagramsRE = regexp.MustCompile(`(?m)^datagrams: (\d+) sent, (\d+) received, (\d+) lost \(each waited for 100ms at most\)$`)
+
+// TestPingpongTimeout runs the bounded UD pingpong (--timeout) over a
+// fake wire that drops a tenth of the frames each port sends: both sides
+// end, and every round trip is counted once, answered or lost — a lost
+// round trip is one datagram the ports dropped.
+func TestPingpongTimeout(t *testing.T) {
+	app := startImpaired(t, false, 1500, impair.Spec{Loss: 0.1, Seed: 7})
+	o := DefaultOptions(verbs.UD)
+	o.Iters, o.Timeout = 100, 100*time.Millisecond
+	s, cl := pair(t, o, Env{}, Env{})
+	if s.err != nil || cl.err != nil {
+		t.Fatalf("server: %v\n%s\nclient: %v\n%s", s.err, s.out, cl.err, cl.out)
+	}
+	var dropped uint64
+	for _, n := range app.NICs() {
+		dropped += n.Port().Stats().Egress.Dropped
+	}
+	c, sv := cl.res, s.res
+	t.Logf("client %d sent, %d received, %d lost; server %d sent, %d received; %d frames dropped", c.Sent, c.Received, c.Lost, sv.Sent, sv.Received, dropped)
+	switch {
+	case c.Sent != o.Iters || c.Received+c.Lost != o.Iters:
+		t.Errorf("client: %d sent, %d received, %d lost; want %d sent, each answered or lost", c.Sent, c.Received, c.Lost, o.Iters)
+	case sv.Received > c.Sent || sv.Sent != sv.Received || c.Received > sv.Sent:
+		t.Errorf("server: %d received, %d sent; client %d sent, %d received", sv.Received, sv.Sent, c.Sent, c.Received)
+	case c.Lost == 0 || uint64(c.Lost) > dropped:
+		t.Errorf("client: %d lost; the ports dropped %d frames", c.Lost, dropped)
+	}
+	for _, x := range []outcome{s, cl} {
+		m := datagramsRE.FindStringSubmatch(x.out)
+		if m == nil || m[1] != fmt.Sprint(x.res.Sent) || m[2] != fmt.Sprint(x.res.Received) || m[3] != fmt.Sprint(x.res.Lost) {
+			t.Errorf("output without the datagrams line of %+v:\n%s", x.res, x.out)
+		}
+	}
+}
+
 // TestPingpongValidateFinds: a server with -c facing a client without it
 // reports every page, as ibv_rc_pingpong's server does ("invalid data in
 // page N"), since the client's buffer lacks the marks.
@@ -303,6 +347,7 @@ func TestPingpongRefusals(t *testing.T) {
 		{func(o *Options) { o.IBPort = 2 }, "port info for port 2"},
 		{func(o *Options) { o.Type, o.Size = verbs.UD, 2048 }, "requested size larger than port MTU (1024)"},
 		{func(o *Options) { o.GIDIndex = 9 }, "can't read sgid of index 9"},
+		{func(o *Options) { o.Timeout = time.Second }, "--timeout applies to UD pingpong only"},
 		{func(o *Options) { o.Server, o.Port = "127.0.0.1", 1 }, "couldn't connect to 127.0.0.1:1"},
 	} {
 		o := DefaultOptions(verbs.RC)
@@ -335,6 +380,8 @@ func TestParseArgs(t *testing.T) {
 		{[]string{"-tuc"}, func(o *Options) { *o = DefaultOptions(verbs.UC) }, ""},
 		{[]string{"--iter", "3"}, func(o *Options) { o.Iters = 3 }, ""},
 		{[]string{"-o"}, func(o *Options) { o.ODP = true }, ""},
+		{[]string{"--ud", "--timeout", "50"}, func(o *Options) { *o = DefaultOptions(verbs.UD); o.Timeout = 50 * time.Millisecond }, ""},
+		{[]string{"--timeout=0"}, nil, "out of range 1…3600000"},
 		{[]string{"--", "-host"}, func(o *Options) { o.Server = "-host" }, ""},
 		{[]string{"-x"}, nil, "invalid option -- 'x'"},
 		{[]string{"-s"}, nil, "option requires an argument -- 's'"},
