@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -187,7 +188,9 @@ var bytesRe = regexp.MustCompile(`(\d+) bytes in ([0-9.]+) seconds = ([0-9.]+) M
 
 // verbsSteps runs the lab's client processes between the first two hosts:
 // each lists its device, then RC and UD pingpong as ibv_rc_pingpong and
-// ibv_ud_pingpong run them.
+// ibv_ud_pingpong run them — UD, under the lab's faults, waiting a bounded
+// time for each datagram and counting the lost ones, as UD never
+// retransmits one.
 func verbsSteps(ctx context.Context, l *Lab, binary string) []Step {
 	a, b := l.Hosts[0], l.Hosts[1]
 	var steps []Step
@@ -207,31 +210,90 @@ func verbsSteps(ctx context.Context, l *Lab, binary string) []Step {
 		s.Took = time.Since(start)
 		steps = append(steps, s)
 	}
-	for _, pp := range []struct {
-		name string
-		args []string
-	}{
-		{"RC pingpong (ibv_rc_pingpong's protocol)", []string{"-g", "1", "-n", "1000", "-s", "4096", "-c"}},
-		{"UD pingpong (ibv_ud_pingpong's protocol)", []string{"-t", "ud", "-g", "1", "-n", "1000", "-s", "1024"}},
-	} {
-		start := time.Now()
-		srvArgs := append([]string{"pingpong", "-d", b.Device}, pp.args...)
-		cliArgs := append([]string{"pingpong", "-d", a.Device}, pp.args...)
-		_, out, err := l.pair(ctx, binary, a, b, srvArgs, cliArgs, exchangePort, 60*time.Second)
-		s := Step{Name: fmt.Sprintf("%s %s → %s", pp.name, a.Namespace, b.Namespace), Took: time.Since(start)}
-		m, n := itersRe.FindStringSubmatch(out), bytesRe.FindStringSubmatch(out)
-		switch {
-		case err != nil:
-			s.Detail = err.Error()
-		case m == nil || n == nil:
-			s.Detail = "no result line: " + lastLine(out)
-		default:
-			s.OK = true
-			s.Detail = fmt.Sprintf("%s iters, %s µs/iter, %s Mbit/s", m[1], m[3], n[3])
-		}
-		steps = append(steps, s)
+	steps = append(steps, l.pingpongStep(ctx, binary, "RC pingpong (ibv_rc_pingpong's protocol)",
+		[]string{"-g", "1", "-n", "1000", "-s", "4096", "-c"}, false))
+	ud := []string{"-t", "ud", "-g", "1", "-n", "1000", "-s", "1024"}
+	if l.faults.what == "" {
+		steps = append(steps, l.pingpongStep(ctx, binary, "UD pingpong (ibv_ud_pingpong's protocol)", ud, false))
+	} else {
+		wait := l.faults.udWait()
+		steps = append(steps, l.pingpongStep(ctx, binary,
+			fmt.Sprintf("UD pingpong (ibv_ud_pingpong's protocol, %v for each datagram)", wait),
+			append(ud, "--timeout", fmt.Sprint(wait.Milliseconds())), true))
 	}
 	return steps
+}
+
+// udWait is how long the lab's UD pingpong waits for each datagram under
+// faults before it counts it as lost: far longer than a round trip of
+// the lab's (well under a millisecond, and the impairment's delay at the
+// four ports a round trip crosses).
+func (f faults) udWait() time.Duration { return 50*time.Millisecond + 4*f.delay }
+
+var datagramsRe = regexp.MustCompile(`(?m)^datagrams: (\d+) sent, (\d+) received, (\d+) lost`)
+
+// pingpongStep runs `taproce pingpong args` between the first two hosts
+// and reports its result line; with counted, a bounded UD pingpong
+// (--timeout), also the datagrams of both sides, sent and lost.
+func (l *Lab) pingpongStep(ctx context.Context, binary, name string, args []string, counted bool) Step {
+	a, b := l.Hosts[0], l.Hosts[1]
+	start := time.Now()
+	srvArgs := append([]string{"pingpong", "-d", b.Device}, args...)
+	cliArgs := append([]string{"pingpong", "-d", a.Device}, args...)
+	srvOut, out, err := l.pair(ctx, binary, a, b, srvArgs, cliArgs, exchangePort, 60*time.Second)
+	s := Step{Name: fmt.Sprintf("%s %s → %s", name, a.Namespace, b.Namespace), Took: time.Since(start)}
+	m, n := itersRe.FindStringSubmatch(out), bytesRe.FindStringSubmatch(out)
+	switch {
+	case err != nil:
+		s.Detail = err.Error()
+		return s
+	case m == nil || n == nil:
+		s.Detail = "no result line: " + lastLine(out)
+		return s
+	}
+	s.OK = true
+	s.Detail = fmt.Sprintf("%s iters, %s µs/iter, %s Mbit/s", m[1], m[3], n[3])
+	if !counted {
+		return s
+	}
+	d, ok := parseDatagrams(srvOut, out)
+	if !ok {
+		s.OK = false
+		s.Detail += "; no datagrams line: " + lastLine(srvOut) + " | " + lastLine(out)
+		return s
+	}
+	s.Detail += "; " + d.String() + " (" + l.faults.what + ")"
+	// Whatever arrives counts, as long as the loss is what the faults
+	// explain: at least 90 % of what they let through, as the exchange.
+	s.OK = float64(d.received) >= 0.9*l.faults.delivery*float64(d.sent)
+	return s
+}
+
+// datagrams counts a bounded UD pingpong's datagrams, both sides
+// together.
+type datagrams struct{ sent, received int }
+
+// String reads "1968 of 1990 datagrams, 22 lost".
+func (d datagrams) String() string {
+	return fmt.Sprintf("%d of %d datagrams, %d lost", d.received, d.sent, d.sent-d.received)
+}
+
+// parseDatagrams adds up the datagrams lines of a bounded UD pingpong's
+// two sides; every datagram one side sent and the other did not count
+// was lost (or later than the wait).
+func parseDatagrams(outs ...string) (datagrams, bool) {
+	var d datagrams
+	for _, out := range outs {
+		m := datagramsRe.FindStringSubmatch(out)
+		if m == nil {
+			return d, false
+		}
+		sent, _ := strconv.Atoi(m[1])
+		received, _ := strconv.Atoi(m[2])
+		d.sent += sent
+		d.received += received
+	}
+	return d, true
 }
 
 // appPlace runs the lab's process on the processors its appliance takes

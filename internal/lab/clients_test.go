@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/taproce/taproce/appliance/impair"
 	"github.com/taproce/taproce/internal/perf"
 	"github.com/taproce/taproce/internal/pingpong"
 	"github.com/taproce/taproce/internal/testnet"
@@ -114,4 +115,54 @@ func startListener(t *testing.T, ns, env string) *client {
 	}
 	t.Cleanup(func() { _ = cl.wait(time.Millisecond) })
 	return cl
+}
+
+// TestParseDatagrams: a bounded UD pingpong's count adds up both sides'
+// datagrams lines; a side without one is no count.
+func TestParseDatagrams(t *testing.T) {
+	const line = "datagrams: %d sent, %d received, %d lost (each waited for 50ms at most)\n"
+	for _, c := range []struct {
+		name string
+		outs []string
+		want datagrams
+		ok   bool
+		str  string
+	}{
+		{"both sides", []string{
+			"  local address: …\n" + fmt.Sprintf(line, 990, 990, 10),
+			fmt.Sprintf(line, 1000, 978, 22) + "1000 iters in 0.20 seconds = 200.00 usec/iter\n",
+		}, datagrams{1990, 1968}, true, "1968 of 1990 datagrams, 22 lost"},
+		{"nothing lost", []string{fmt.Sprintf(line, 5, 5, 0), fmt.Sprintf(line, 5, 5, 0)}, datagrams{10, 10}, true, "10 of 10 datagrams, 0 lost"},
+		{"a side without the line", []string{fmt.Sprintf(line, 5, 5, 0), "1000 iters in 0.20 seconds = 200.00 usec/iter\n"}, datagrams{}, false, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, ok := parseDatagrams(c.outs...)
+			if ok != c.ok || ok && (got != c.want || got.String() != c.str) {
+				t.Errorf("%+v %v %q; want %+v %v %q", got, ok, got.String(), c.want, c.ok, c.str)
+			}
+		})
+	}
+}
+
+// TestFaults: what the lab calls its faults, which makes its UD pingpong
+// count lost datagrams, and how long that waits for each.
+func TestFaults(t *testing.T) {
+	loss := impair.Spec{Loss: 0.01}
+	for _, c := range []struct {
+		spec       impair.Spec
+		kernelLoss int
+		what       string
+		wait       time.Duration
+	}{
+		{impair.Spec{}, 0, "", 50 * time.Millisecond},
+		{loss, 0, "impaired link", 50 * time.Millisecond},
+		{impair.Spec{Delay: 10 * time.Millisecond}, 0, "impaired link", 90 * time.Millisecond},
+		{impair.Spec{}, 1, "kernel loss", 50 * time.Millisecond},
+		{loss, 1, "impaired link, kernel loss", 50 * time.Millisecond},
+	} {
+		f := newFaults(c.spec, c.kernelLoss)
+		if f.what != c.what || f.udWait() != c.wait || f.delivery != expectedDelivery(c.spec, c.kernelLoss) {
+			t.Errorf("%v, kernel loss %d%%: %q, wait %v, delivery %v; want %q, %v", c.spec, c.kernelLoss, f.what, f.udWait(), f.delivery, c.what, c.wait)
+		}
+	}
 }

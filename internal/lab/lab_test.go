@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -242,21 +244,47 @@ func TestLabKernelLoss(t *testing.T) {
 	t.Logf("\n%s", out.String())
 }
 
-// TestLabRDMAImpaired moves 256 MiB by RDMA WRITE and reads it back by
-// RDMA READ under loss, reordering, duplication and corruption on every
-// port in both directions: the checksums must match and the run exit 0.
+// TestLabRDMAImpaired runs the lab as `taproce lab --impair` does, client
+// processes included, under loss, reordering, duplication and corruption
+// on every port in both directions: 256 MiB moved by RDMA WRITE and read
+// back by RDMA READ must have matching checksums, the UD pingpong must
+// count the datagrams the impairment lost instead of stalling on the
+// first, and the run must exit 0.
 func TestLabRDMAImpaired(t *testing.T) {
 	if testing.Short() {
 		t.Skip("moves 256 MiB over an impaired link; skipped with -short")
 	}
 	p := prefix(t)
 	var out strings.Builder
-	if _, err := Run(context.Background(), Options{Prefix: p, Hosts: 2, Offload: true, Frames: 2000, RDMA: 256 << 20,
-		Impair: "loss=1%,reorder=5%,duplicate=1%,corrupt=0.1%", Out: &out, Binary: "-"}); err != nil {
+	steps, err := Run(context.Background(), Options{Prefix: p, Hosts: 2, Offload: true, Frames: 2000, RDMA: 256 << 20,
+		Impair: "loss=1%,reorder=5%,duplicate=1%,corrupt=0.1%", Out: &out,
+		Binary: taproceBinary(t), Socket: filepath.Join(t.TempDir(), "lab.sock")})
+	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	if !strings.Contains(out.String(), "RDMA WRITE 256 MiB, READ it back") || !strings.Contains(out.String(), "SHA-256 identical") {
 		t.Fatalf("table:\n%s", out.String())
+	}
+	var ud *Step
+	for i := range steps {
+		if strings.HasPrefix(steps[i].Name, "UD pingpong") {
+			ud = &steps[i]
+		}
+	}
+	if ud == nil {
+		t.Fatalf("no UD pingpong step:\n%s", out.String())
+	}
+	m := regexp.MustCompile(`; (\d+) of (\d+) datagrams, (\d+) lost \(impaired link\)$`).FindStringSubmatch(ud.Detail)
+	if !ud.OK || m == nil {
+		t.Fatalf("UD pingpong: %s\n%s", ud.Detail, out.String())
+	}
+	got, _ := strconv.Atoi(m[1])
+	sent, _ := strconv.Atoi(m[2])
+	lost, _ := strconv.Atoi(m[3])
+	// About 2 % of some 2000 datagrams are lost: none lost would mean the
+	// impairment missed them or the count is wrong.
+	if lost == 0 || got+lost != sent || sent < 1000 {
+		t.Errorf("UD pingpong: %s", ud.Detail)
 	}
 	t.Logf("\n%s", out.String())
 }

@@ -122,6 +122,7 @@ func Run(ctx context.Context, o Options) ([]Step, error) {
 		return steps, ErrFailed
 	}
 	defer l.Close()
+	l.faults = newFaults(spec, o.KernelLoss)
 	steps[0].Detail = fmt.Sprintf("%d namespaces, veth+bridge, TAP per host, MTU %d, super-frames %v", o.Hosts, l.MTU, l.Hosts[0].Port.Device().(*tap.Tap).Offloaded())
 
 	if o.KernelLoss > 0 {
@@ -138,7 +139,7 @@ func Run(ctx context.Context, o Options) ([]Step, error) {
 		if n == 2 && i == 1 {
 			dst = l.Hosts[0]
 		}
-		steps = append(steps, ex.run(ctx, src, dst, o.Frames, expectedDelivery(spec, o.KernelLoss)))
+		steps = append(steps, ex.run(ctx, src, dst, o.Frames, l.faults.delivery))
 	}
 	if o.RDMA > 0 {
 		steps = append(steps, rdmaSteps(ctx, l, o.RDMA)...)
