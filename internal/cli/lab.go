@@ -19,11 +19,12 @@ import (
 // runLab implements `taproce lab [flags]` and `taproce lab down`.
 func runLab(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "down" {
-		if err := lab.Down(""); err != nil {
+		r, err := lab.Down("")
+		if err != nil {
 			fmt.Fprintf(stderr, "taproce lab down: %v\n", err)
 			return 1
 		}
-		fmt.Fprintln(stdout, "lab removed")
+		fmt.Fprintln(stdout, r)
 		return 0
 	}
 	fs := flag.NewFlagSet("lab", flag.ContinueOnError)

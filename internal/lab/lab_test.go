@@ -425,3 +425,74 @@ func TestLabKeepServes(t *testing.T) {
 		t.Errorf("left behind: %v", left)
 	}
 }
+
+// TestRemovedString: `taproce lab down` says what it removed, and that
+// there was no lab when there was none.
+func TestRemovedString(t *testing.T) {
+	for _, c := range []struct {
+		r    Removed
+		want string
+	}{
+		{Removed{Prefix: "taproce-lab-"}, "no lab to remove: no kept lab is running and no namespace starts with taproce-lab-"},
+		{Removed{Prefix: "p-", PID: 42, Namespaces: []string{"p-1", "p-2"}}, "stopped the kept lab (pid 42) and removed its namespaces p-1, p-2"},
+		{Removed{Prefix: "p-", PID: 42}, "stopped the kept lab (pid 42)"},
+		{Removed{Prefix: "p-", Namespaces: []string{"p-1"}}, "removed namespaces p-1, left behind by a lab that did not end"},
+	} {
+		if got := c.r.String(); got != c.want {
+			t.Errorf("%+v: %q, want %q", c.r, got, c.want)
+		}
+	}
+}
+
+// TestDown: with nothing up, Down removes nothing and says so; it removes
+// the namespaces a lab left behind, and stops a kept lab's process (here
+// a helper process standing in for one), naming both.
+func TestDown(t *testing.T) {
+	p := prefix(t)
+	old := PIDFile
+	PIDFile = filepath.Join(t.TempDir(), "lab.pid")
+	defer func() { PIDFile = old }()
+
+	r, err := Down(p)
+	if err != nil || r.PID != 0 || len(r.Namespaces) != 0 || !strings.HasPrefix(r.String(), "no lab to remove") {
+		t.Fatalf("nothing up: %+v %q, %v", r, r.String(), err)
+	}
+
+	for _, n := range []string{p + "1", p + "2"} {
+		if err := netnsutil.Create(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self, "-test.run=^$") // its command line holds "lab", as a lab's does
+	cmd.Env = append(os.Environ(), listenEnv+"=0 1h")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	defer func() {
+		_ = cmd.Process.Kill() // by PID, the helper this test started
+		<-waited
+	}()
+	if err := os.WriteFile(PIDFile, []byte(fmt.Sprintf("%d\n", cmd.Process.Pid)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err = Down(p)
+	if err != nil || r.PID != cmd.Process.Pid || fmt.Sprint(r.Namespaces) != fmt.Sprint([]string{p + "1", p + "2"}) {
+		t.Fatalf("lab up: %+v, %v", r, err)
+	}
+	select {
+	case <-waited:
+		waited <- nil
+	case <-time.After(time.Minute):
+		t.Fatal("the kept lab's process still runs")
+	}
+	if left, _ := netnsutil.List(p); len(left) != 0 {
+		t.Errorf("left behind: %v", left)
+	}
+	t.Log(r)
+}

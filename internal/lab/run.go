@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -468,16 +469,59 @@ func runningLab() (int, bool) {
 	return pid, strings.Contains(string(cmd), "lab")
 }
 
-// Down stops a kept lab and removes every namespace of the lab prefix.
-func Down(prefix string) error {
+// Removed is what Down took away.
+type Removed struct {
+	// Prefix is the lab's namespace prefix.
+	Prefix string
+	// PID is the process of the kept lab Down stopped; 0 when none ran.
+	PID int
+	// Namespaces are the lab's namespaces that were there and are gone,
+	// whether the stopped lab removed them or Down did.
+	Namespaces []string
+}
+
+// String says what was removed or, when nothing was, that there was no
+// lab: "lab removed" after a command that found nothing would mislead.
+func (r Removed) String() string {
+	ns := "namespaces " + strings.Join(r.Namespaces, ", ")
+	switch {
+	case r.PID != 0 && len(r.Namespaces) > 0:
+		return fmt.Sprintf("stopped the kept lab (pid %d) and removed its %s", r.PID, ns)
+	case r.PID != 0:
+		return fmt.Sprintf("stopped the kept lab (pid %d)", r.PID)
+	case len(r.Namespaces) > 0:
+		return "removed " + ns + ", left behind by a lab that did not end"
+	}
+	return fmt.Sprintf("no lab to remove: no kept lab is running and no namespace starts with %s", r.Prefix)
+}
+
+// Down stops a kept lab and removes every namespace of the lab prefix,
+// and says what it removed.
+func Down(prefix string) (Removed, error) {
 	if prefix == "" {
 		prefix = DefaultPrefix
+	}
+	r := Removed{Prefix: prefix}
+	before, err := netnsutil.List(prefix)
+	if err != nil {
+		return r, fmt.Errorf("lab: %w", err)
 	}
 	if pid, ok := runningLab(); ok {
 		_ = syscall.Kill(pid, syscall.SIGTERM)
 		waitFor(10*time.Second, func() bool { return syscall.Kill(pid, 0) != nil })
+		r.PID = pid
 	}
-	return cleanStale(prefix)
+	err = cleanStale(prefix)
+	after, lerr := netnsutil.List(prefix)
+	if lerr != nil {
+		return r, errors.Join(err, fmt.Errorf("lab: %w", lerr))
+	}
+	for _, n := range before {
+		if !slices.Contains(after, n) {
+			r.Namespaces = append(r.Namespaces, n)
+		}
+	}
+	return r, err
 }
 
 // expectedDelivery is the share of the exchange's packets that the lab's
