@@ -296,6 +296,21 @@ func parseDatagrams(outs ...string) (datagrams, bool) {
 	return d, true
 }
 
+// binary returns the taproce executable the lab's client processes run:
+// binary unless it is "" or "-" (none), this process's own otherwise
+// (which is taproce outside tests); "" when that cannot be found.
+func (l *Lab) binary(binary string) string {
+	if binary != "" && binary != "-" {
+		return binary
+	}
+	self, err := os.Executable()
+	if err != nil {
+		l.Logger.Warn("lab: this process's executable", "err", err)
+		return ""
+	}
+	return self
+}
+
 // appPlace runs the lab's process on the processors its appliance takes
 // — CPUs, and as many at once as Procs and Poll choose (appliance.Place),
 // as `taproce run` runs the appliance — until the returned function puts
@@ -321,11 +336,9 @@ func (l *Lab) appPlace() (restore func(), err error) {
 func (l *Lab) serveClients(ctx context.Context, binary string) (steps []Step, stop func()) {
 	stop = func() {}
 	if binary == "" {
-		self, err := os.Executable()
-		if err != nil {
-			return []Step{{Name: "verbs clients", Detail: err.Error()}}, stop
+		if binary = l.binary(""); binary == "" {
+			return []Step{{Name: "verbs clients", Detail: "lab: cannot find this process's executable"}}, stop
 		}
-		binary = self
 	}
 	if err := l.App.Control().Listen(); err != nil {
 		return []Step{{Name: "verbs clients: control socket " + l.Socket, Detail: err.Error()}}, stop

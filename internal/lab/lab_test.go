@@ -348,8 +348,9 @@ func taproceBinary(t testing.TB) string {
 }
 
 // TestLabKeepServes: a lab left up (Keep) goes on serving verbs clients
-// on its control socket, and says how to reach it; it comes down when its
-// context ends.
+// on its control socket, and says how to reach it in commands that work
+// as printed, taproce's path included; it comes down when its context
+// ends.
 func TestLabKeepServes(t *testing.T) {
 	p := prefix(t)
 	bin := taproceBinary(t)
@@ -370,13 +371,12 @@ func TestLabKeepServes(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		_, err := Run(ctx, Options{Prefix: p, Hosts: 2, Offload: true, Frames: 100, RDMA: 1 << 20, Binary: "-", Keep: true,
+		_, err := Run(ctx, Options{Prefix: p, Hosts: 2, Offload: true, Frames: 100, RDMA: 1 << 20, Binary: bin, Keep: true,
 			Socket: sock, Out: pw})
 		pw.Close()
 		done <- err
 	}()
 	var out strings.Builder
-	sawSocket := false
 	for up := false; !up; {
 		select {
 		case line, ok := <-lines:
@@ -385,20 +385,25 @@ func TestLabKeepServes(t *testing.T) {
 			}
 			out.WriteString(line + "\n")
 			up = strings.Contains(line, "stays up")
-			sawSocket = sawSocket || strings.Contains(line, "TAPROCE_SOCKET="+sock)
-		case <-time.After(60 * time.Second):
+		case <-time.After(5 * time.Minute):
 			t.Fatalf("the lab never came up:\n%s", out.String())
 		}
 	}
+	var perfCmds []string
+	sawSocket, sawDown := false, false
 	for line := range lines { // the lines after "stays up" come at once
 		out.WriteString(line + "\n")
 		sawSocket = sawSocket || strings.Contains(line, "TAPROCE_SOCKET="+sock)
-		if strings.Contains(line, "the out-of-band exchange") {
+		sawDown = sawDown || strings.TrimSpace(line) == bin+" lab down"
+		if cmd, ok := strings.CutPrefix(line, "  ip netns exec "); ok && strings.Contains(cmd, bin+" perf write_bw") {
+			perfCmds = append(perfCmds, strings.TrimSpace(line))
+		}
+		if strings.Contains(line, "out-of-band exchange") {
 			break
 		}
 	}
-	if !sawSocket {
-		t.Errorf("no word of the control socket:\n%s", out.String())
+	if !sawSocket || !sawDown || len(perfCmds) != 2 || !strings.Contains(out.String(), "second terminal") {
+		t.Errorf("no word of the control socket, of %s lab down, of a second terminal, or not two perf commands (%q):\n%s", bin, perfCmds, out.String())
 	}
 	for i, ns := range []string{p + "1", p + "2"} {
 		cmd := exec.Command("ip", "netns", "exec", ns, bin, "devices")
@@ -406,6 +411,24 @@ func TestLabKeepServes(t *testing.T) {
 		got, err := cmd.CombinedOutput()
 		if want := fmt.Sprintf("taproce%d", i); err != nil || !strings.Contains(string(got), want) {
 			t.Errorf("taproce devices in %s: %v\n%s\nwant %s listed", ns, err, got, want)
+		}
+	}
+	if len(perfCmds) == 2 {
+		// The perf server and client, run as printed, by a shell.
+		srv, err := runClient(exec.Command("sh", "-c", perfCmds[0]), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := srv.waitListen(p+"1", exchangePort, serverStart); err != nil {
+			_ = srv.wait(time.Millisecond)
+			t.Fatalf("%s: %v\n%s", perfCmds[0], err, srv.output())
+		}
+		got, err := exec.Command("sh", "-c", perfCmds[1]).CombinedOutput()
+		if err != nil || !strings.Contains(string(got), "BW average") {
+			t.Errorf("%s: %v\n%s", perfCmds[1], err, got)
+		}
+		if err := srv.wait(time.Minute); err != nil {
+			t.Errorf("%s: %v\n%s", perfCmds[0], err, srv.output())
 		}
 	}
 	cancel()

@@ -184,7 +184,11 @@ func Run(ctx context.Context, o Options) ([]Step, error) {
 		} else {
 			defer restore()
 		}
-		keep(ctx, o.Out, l)
+		bin := l.binary(o.Binary)
+		if bin == "" {
+			bin = "taproce"
+		}
+		keep(ctx, o.Out, l, bin)
 	}
 	if failed {
 		return steps, ErrFailed
@@ -416,15 +420,11 @@ func printSteps(w io.Writer, steps []Step) {
 }
 
 // keep leaves the lab up until the context ends or a signal arrives.
-func keep(ctx context.Context, w io.Writer, l *Lab) {
+func keep(ctx context.Context, w io.Writer, l *Lab, binary string) {
 	_ = os.MkdirAll(filepath.Dir(PIDFile), 0o755)
 	_ = os.WriteFile(PIDFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644)
 	defer os.Remove(PIDFile)
-	fmt.Fprintln(w, "\nThe lab stays up until this process ends (Ctrl-C, or `taproce lab down`). Enter it with:")
-	for _, h := range l.Hosts {
-		fmt.Fprintf(w, "  ip netns exec %s env TAPROCE_SOCKET=%s bash    # port %v %v MAC %v, kernel %v\n", h.Namespace, l.Socket, h.PortIPv4(), h.PortIPv6(), h.Port.MAC(), h.KernelAddrs[0].Addr())
-	}
-	fmt.Fprintf(w, "and run verbs clients there: `taproce perf write_bw` in the first, then `taproce perf write_bw %v` in the second\n(the out-of-band exchange goes to the kernel's address; RDMA goes to the port's).\n", l.Hosts[0].KernelAddrs[0].Addr())
+	keepMessage(w, l, binary)
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(sig)
@@ -432,6 +432,29 @@ func keep(ctx context.Context, w io.Writer, l *Lab) {
 	case <-ctx.Done():
 	case <-sig:
 	}
+}
+
+// keepMessage tells the user of a kept lab how to use it and take it
+// down, in commands that work as printed: they name the taproce binary
+// the lab runs (nothing installs one as "taproce" on the PATH) and run
+// in the host's namespace with the lab's socket.
+func keepMessage(w io.Writer, l *Lab, binary string) {
+	srv, cli := l.Hosts[0], l.Hosts[1]
+	env := func(h *Host) string {
+		return fmt.Sprintf("ip netns exec %s env TAPROCE_SOCKET=%s", h.Namespace, l.Socket)
+	}
+	fmt.Fprintf(w, "\nThe lab stays up until this process ends: Ctrl-C here, or in a second terminal\n  %s lab down\n", binary)
+	fmt.Fprintf(w, "Try it from a second terminal (as root): a perf server in %s,\n  %s %s perf write_bw\n", srv.Namespace, env(srv), binary)
+	fmt.Fprintf(w, "then, from a third, its client in %s:\n  %s %s perf write_bw %v\n", cli.Namespace, env(cli), binary, srv.KernelAddrs[0].Addr())
+	fmt.Fprintln(w, "A shell in a host, whose verbs clients (the same binary) use that host's port:")
+	for _, h := range l.Hosts {
+		fmt.Fprintf(w, "  %s bash    # port %v %v MAC %v, kernel %v\n", env(h), h.PortIPv4(), h.PortIPv6(), h.Port.MAC(), h.KernelAddrs[0].Addr())
+	}
+	if strings.Contains(binary, "/go-build") {
+		fmt.Fprintf(w, "(That is the binary `go run` built, which may not outlive this lab; `go build -o taproce .` in the repository makes one that stays.)\n")
+	}
+	fmt.Fprintf(w, "The client's out-of-band exchange goes to the server host's kernel address (%v); RDMA goes to its port's (%v).\n",
+		srv.KernelAddrs[0].Addr(), srv.PortIPv4())
 }
 
 // cleanStale removes what a killed lab left behind: its namespaces and PID
