@@ -21,8 +21,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/taproce/taproce/appliance"
+	"github.com/taproce/taproce/appliance/control"
+	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/internal/cpulist"
 	"github.com/taproce/taproce/internal/netnsutil"
+	"github.com/taproce/taproce/tap"
 )
 
 // The lab's verbs steps run the taproce binary as separate client
@@ -356,9 +359,87 @@ func (l *Lab) serveClients(ctx context.Context, binary string) (steps []Step, st
 	}
 	defer restore()
 	steps = verbsSteps(ctx, l, binary)
+	l.perfConf = l.currentConfig()
 	ps, rows := perfSteps(ctx, l, binary)
 	l.perf = rows
 	return append(steps, ps...), stop
+}
+
+// perfConfig is the configuration the lab's perf runs ran in. The perf
+// table states it, because the figures depend on it as much as on the
+// code: the same write_bw is half of TCP at MTU 1500 and about TCP's at
+// MTU 9000 on the same machine.
+type perfConfig struct {
+	mtu, pathMTU int
+	superFrames  bool
+	poll         control.PollMode
+	// procs is how many processors the appliance ran on (GOMAXPROCS),
+	// cpus which ones ("": any).
+	procs       int
+	cpus        string
+	localSwitch bool
+	// faults names the faults on the links ("" for none).
+	faults string
+}
+
+// currentConfig returns the configuration the appliance runs in now.
+func (l *Lab) currentConfig() perfConfig {
+	offloaded := false
+	if t, ok := l.Hosts[0].Port.Device().(*tap.Tap); ok {
+		offloaded = t.Offloaded()
+	}
+	return perfConfig{
+		mtu: l.MTU, pathMTU: roce.MTUForNetdev(l.MTU).Bytes(), superFrames: offloaded,
+		poll: l.Poll, procs: runtime.GOMAXPROCS(0), cpus: l.CPUs, localSwitch: l.LocalSwitch, faults: l.faults.what,
+	}
+}
+
+// measuredMTU is the MTU of the configuration the performance figures
+// are measured in (scripts/bench, BenchmarkLabSpeed: Speed), with
+// super-frames and the lab's default poll mode, processors and wire.
+const measuredMTU = 9000
+
+// onOff spells a setting.
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
+// String reads "MTU 1500 (RoCE path MTU 1024), super-frames on, poll
+// adaptive, appliance on 2 processors, local switch off".
+func (c perfConfig) String() string {
+	where := fmt.Sprintf("appliance on %d processors", c.procs)
+	if c.procs == 1 {
+		where = "appliance on 1 processor"
+	}
+	if c.cpus != "" {
+		where += fmt.Sprintf(" (cpus %s, the clients on the others)", c.cpus)
+	}
+	s := fmt.Sprintf("MTU %d (RoCE path MTU %d), super-frames %s, poll %v, %s, local switch %s",
+		c.mtu, c.pathMTU, onOff(c.superFrames), c.poll, where, onOff(c.localSwitch))
+	if c.faults != "" {
+		s += ", " + c.faults
+	}
+	return s
+}
+
+// notes says why the figures of this configuration differ from the
+// measured ones, if they may: one sentence per difference.
+func (c perfConfig) notes() []string {
+	var n []string
+	if c.mtu < measuredMTU || !c.superFrames {
+		n = append(n, fmt.Sprintf("At MTU %d a 64 KiB message is %d RoCE packets of %d bytes, where TCP over the same veth hands the kernel 64 KiB at a time (GSO/GRO): the bandwidth figures are not the measured ones, which are at MTU %d with super-frames (write_bw about 1.0x TCP or more, scripts/bench). Run taproce lab --mtu %d for them.",
+			c.mtu, (65536+c.pathMTU-1)/c.pathMTU, c.pathMTU, measuredMTU, measuredMTU))
+	}
+	if c.localSwitch {
+		n = append(n, "With --local-switch the ports' traffic crossed in memory, not the veth that TCP crossed.")
+	}
+	if c.faults != "" {
+		n = append(n, fmt.Sprintf("Under the lab's faults (%s) the figures measure retransmission, not the path.", c.faults))
+	}
+	return n
 }
 
 // perfRun is one `taproce perf` run of the lab: a test at a message size.
@@ -451,15 +532,24 @@ func parsePerfJSON(out string) (ok bool, bw, rate, lat float64, detail string) {
 	return false, 0, 0, 0, "no result: " + lastLine(out)
 }
 
-// printPerf prints the perftest-style table of the lab's runs, with TCP
-// over the same veth, measured in the same run, as the baseline.
-func printPerf(w io.Writer, rows []perfRow, tcp float64) {
+// tcpRuns is how many runs of TCP over the lab's veth the perf table's
+// baseline is the median of: single runs swing by a factor of two on a
+// small machine, as Speed (SpeedOptions.TCPRuns) found.
+const tcpRuns = 5
+
+// printPerf prints the perftest-style table of the lab's runs, with the
+// configuration they ran in and TCP over the same veth, measured in the
+// same run, as the baseline; then why its figures may differ from the
+// measured ones.
+func printPerf(w io.Writer, rows []perfRow, tcp float64, conf perfConfig) {
 	if len(rows) == 0 {
 		return
 	}
-	fmt.Fprintln(w, "\n---------------------------------------------------------------------------------------")
+	const rule = "---------------------------------------------------------------------------------------"
+	fmt.Fprintln(w, "\n"+rule)
 	fmt.Fprintln(w, " taproce perf between the lab's client processes (perftest's columns; 1 MB = 2^20 bytes)")
-	fmt.Fprintln(w, "---------------------------------------------------------------------------------------")
+	fmt.Fprintln(w, wrap("at "+conf.String(), len(rule)))
+	fmt.Fprintln(w, rule)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, " test\t#bytes\t#iterations\tBW average[MB/sec]\tMsgRate[Mpps]\tt_typical[usec]\t")
 	for _, r := range rows {
@@ -474,8 +564,28 @@ func printPerf(w io.Writer, rows []perfRow, tcp float64) {
 		fmt.Fprintf(tw, " %s\t%d\t%d\t%.2f\t%.6f\t\t\n", r.run.test, r.run.size, r.run.iters, r.bw, r.rate)
 	}
 	if tcp > 0 {
-		fmt.Fprintf(tw, " TCP (same veth)\t\t\t%.2f\t\t\t\n", tcp/(1<<20))
+		fmt.Fprintf(tw, " TCP (same veth, median of %d)\t\t\t%.2f\t\t\t\n", tcpRuns, tcp/(1<<20))
 	}
 	tw.Flush()
-	fmt.Fprintln(w, "---------------------------------------------------------------------------------------")
+	fmt.Fprintln(w, rule)
+	for _, n := range conf.notes() {
+		fmt.Fprintln(w, wrap(n, len(rule)))
+	}
+}
+
+// wrap breaks s into lines of at most width characters at spaces, each
+// indented by one space as the table's lines are.
+func wrap(s string, width int) string {
+	var b strings.Builder
+	n := 0
+	for _, word := range strings.Fields(s) {
+		if n > 0 && n+1+len(word) > width {
+			b.WriteByte('\n')
+			n = 0
+		}
+		b.WriteByte(' ')
+		b.WriteString(word)
+		n += 1 + len(word)
+	}
+	return b.String()
 }

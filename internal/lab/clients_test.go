@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/taproce/taproce/appliance/control"
 	"github.com/taproce/taproce/appliance/impair"
 	"github.com/taproce/taproce/internal/perf"
 	"github.com/taproce/taproce/internal/pingpong"
@@ -164,5 +165,59 @@ func TestFaults(t *testing.T) {
 		if f.what != c.what || f.udWait() != c.wait || f.delivery != expectedDelivery(c.spec, c.kernelLoss) {
 			t.Errorf("%v, kernel loss %d%%: %q, wait %v, delivery %v; want %q, %v", c.spec, c.kernelLoss, f.what, f.udWait(), f.delivery, c.what, c.wait)
 		}
+	}
+}
+
+// TestPrintPerf: the perf table states the configuration its figures
+// were measured in, and says why they are not the measured ones where
+// they may not be — at MTU 1500 pointing to --mtu 9000 — and nothing
+// when the configuration is the measured one.
+func TestPrintPerf(t *testing.T) {
+	rows := []perfRow{
+		{run: perfRun{"write_bw", 65536, 2000}, ok: true, bw: 920, rate: 0.0147},
+		{run: perfRun{"send_lat", 2, 1000}, ok: true, lat: 9.5},
+	}
+	measured := perfConfig{mtu: 9000, pathMTU: 4096, superFrames: true, poll: control.PollAdaptive, procs: 2}
+	for _, c := range []struct {
+		name  string
+		conf  func(c *perfConfig)
+		at    string
+		notes []string
+	}{
+		{"measured", func(*perfConfig) {}, "MTU 9000 (RoCE path MTU 4096), super-frames on, poll adaptive, appliance on 2 processors, local switch off", nil},
+		{"default MTU", func(c *perfConfig) { c.mtu, c.pathMTU = 1500, 1024 },
+			"MTU 1500 (RoCE path MTU 1024)", []string{"At MTU 1500 a 64 KiB message is 64 RoCE packets", "GSO/GRO", "taproce lab --mtu 9000"}},
+		{"no super-frames", func(c *perfConfig) { c.superFrames = false }, "super-frames off", []string{"taproce lab --mtu 9000"}},
+		{"local switch", func(c *perfConfig) { c.localSwitch = true }, "local switch on", []string{"crossed in memory"}},
+		{"faults, own processors", func(c *perfConfig) { c.faults, c.cpus, c.procs = "impaired link", "1", 1 },
+			"poll adaptive, appliance on 1 processor (cpus 1, the clients on the others), local switch off, impaired link", []string{"measure retransmission"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			conf := measured
+			c.conf(&conf)
+			var b strings.Builder
+			printPerf(&b, rows, 2044<<20, conf)
+			out := b.String()
+			flat := strings.ReplaceAll(out, "\n ", " ")
+			if !strings.Contains(out, "\n at MTU") || !strings.Contains(flat, c.at) || !strings.Contains(out, "TCP (same veth, median of 5)") {
+				t.Errorf("no %q:\n%s", c.at, out)
+			}
+			notes := strings.Join(conf.notes(), " ")
+			if (len(c.notes) == 0) != (notes == "") {
+				t.Errorf("notes %q", notes)
+			}
+			for _, n := range c.notes {
+				if !strings.Contains(notes, n) {
+					t.Errorf("notes without %q: %q", n, notes)
+				}
+			}
+			// The notes under the table's last rule, wrapped to its width.
+			const rule = "-------\n"
+			for _, line := range strings.Split(out[strings.LastIndex(out, rule)+len(rule):], "\n") {
+				if len(line) > 88 {
+					t.Errorf("note line of %d bytes: %q", len(line), line)
+				}
+			}
+		})
 	}
 }

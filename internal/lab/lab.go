@@ -112,7 +112,8 @@ type Lab struct {
 	Hosts      []*Host
 	App        *appliance.Appliance // serves verbs on Socket once Serve runs
 	namespaces []string
-	perf       []perfRow // the perf runs of the client steps
+	perf       []perfRow  // the perf runs of the client steps
+	perfConf   perfConfig // the configuration they ran in
 	// clientCPUs is where client processes run: the processors CPUs
 	// leaves (nil: anywhere).
 	clientCPUs *cpulist.Set

@@ -168,11 +168,7 @@ func Run(ctx context.Context, o Options) ([]Step, error) {
 	}
 	printSteps(o.Out, steps)
 	if len(l.perf) > 0 {
-		tcp, err := TCPThroughput(l.Hosts[0], l.Hosts[1], 256<<20)
-		if err != nil {
-			tcp = 0
-		}
-		printPerf(o.Out, l.perf, tcp)
+		printPerf(o.Out, l.perf, l.tcpBaseline(), l.perfConf)
 	}
 	failed := false
 	for _, s := range steps {
