@@ -299,19 +299,18 @@ func parseDatagrams(outs ...string) (datagrams, bool) {
 	return d, true
 }
 
-// binary returns the taproce executable the lab's client processes run:
-// binary unless it is "" or "-" (none), this process's own otherwise
-// (which is taproce outside tests); "" when that cannot be found.
-func (l *Lab) binary(binary string) string {
+// executable returns the taproce executable the lab's client
+// processes run: binary unless it is "" or "-" (none), this process's own
+// otherwise (which is taproce outside tests).
+func executable(binary string) (string, error) {
 	if binary != "" && binary != "-" {
-		return binary
+		return binary, nil
 	}
 	self, err := os.Executable()
 	if err != nil {
-		l.Logger.Warn("lab: this process's executable", "err", err)
-		return ""
+		return "", fmt.Errorf("lab: the taproce binary: %w", err)
 	}
-	return self
+	return self, nil
 }
 
 // appPlace runs the lab's process on the processors its appliance takes
@@ -339,8 +338,9 @@ func (l *Lab) appPlace() (restore func(), err error) {
 func (l *Lab) serveClients(ctx context.Context, binary string) (steps []Step, stop func()) {
 	stop = func() {}
 	if binary == "" {
-		if binary = l.binary(""); binary == "" {
-			return []Step{{Name: "verbs clients", Detail: "lab: cannot find this process's executable"}}, stop
+		var err error
+		if binary, err = executable(""); err != nil {
+			return []Step{{Name: "verbs clients", Detail: err.Error()}}, stop
 		}
 	}
 	if err := l.App.Control().Listen(); err != nil {
@@ -366,9 +366,9 @@ func (l *Lab) serveClients(ctx context.Context, binary string) (steps []Step, st
 }
 
 // perfConfig is the configuration the lab's perf runs ran in. The perf
-// table states it, because the figures depend on it as much as on the
-// code: the same write_bw is half of TCP at MTU 1500 and about TCP's at
-// MTU 9000 on the same machine.
+// table states it because the figures depend on it as much as on the
+// code: the MTU alone sets how many packets, and so TAP writes, a
+// message takes.
 type perfConfig struct {
 	mtu, pathMTU int
 	superFrames  bool

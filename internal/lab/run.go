@@ -180,8 +180,9 @@ func Run(ctx context.Context, o Options) ([]Step, error) {
 		} else {
 			defer restore()
 		}
-		bin := l.binary(o.Binary)
-		if bin == "" {
+		bin, err := executable(o.Binary)
+		if err != nil {
+			fmt.Fprintf(o.Out, "\n%v\n", err)
 			bin = "taproce"
 		}
 		keep(ctx, o.Out, l, bin)
@@ -447,7 +448,7 @@ func keepMessage(w io.Writer, l *Lab, binary string) {
 		fmt.Fprintf(w, "  %s bash    # port %v %v MAC %v, kernel %v\n", env(h), h.PortIPv4(), h.PortIPv6(), h.Port.MAC(), h.KernelAddrs[0].Addr())
 	}
 	if strings.Contains(binary, "/go-build") {
-		fmt.Fprintf(w, "(That is the binary `go run` built, which may not outlive this lab; `go build -o taproce .` in the repository makes one that stays.)\n")
+		fmt.Fprintln(w, "(That is the binary `go run` built, which may not outlive this lab; `go build -o taproce .` in the repository makes one that stays.)")
 	}
 	fmt.Fprintf(w, "The client's out-of-band exchange goes to the server host's kernel address (%v); RDMA goes to its port's (%v).\n",
 		srv.KernelAddrs[0].Addr(), srv.PortIPv4())
