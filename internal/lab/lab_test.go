@@ -501,6 +501,15 @@ func TestDown(t *testing.T) {
 		_ = cmd.Process.Kill() // by PID, the helper this test started
 		<-waited
 	}()
+	// Down knows a lab's process by its command line, which is the
+	// helper's once it has started.
+	execed := waitFor(time.Minute, func() bool {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", cmd.Process.Pid))
+		return strings.Contains(string(b), "-test.run=^$")
+	})
+	if !execed {
+		t.Fatal("the helper process did not start")
+	}
 	if err := os.WriteFile(PIDFile, []byte(fmt.Sprintf("%d\n", cmd.Process.Pid)), 0o644); err != nil {
 		t.Fatal(err)
 	}
