@@ -252,37 +252,45 @@ func firstDiff(a, b []byte) int {
 
 var datagramsRE = regexp.MustCompile(`(?m)^datagrams: (\d+) sent, (\d+) received, (\d+) lost \(each waited for 100ms at most\)$`)
 
-// TestPingpongTimeout runs the bounded UD pingpong (--timeout) over a
-// fake wire that drops a tenth of the frames each port sends: both sides
-// end, and every round trip is counted once, answered or lost — a lost
-// round trip is one datagram the ports dropped.
+// TestPingpongTimeout runs the bounded UD pingpong (--timeout), polling
+// and sleeping on completion events (-e), over a fake wire that drops a
+// tenth of the frames each port sends: both sides end, and every round
+// trip is counted once, answered or lost — a lost round trip is one
+// datagram the ports dropped.
 func TestPingpongTimeout(t *testing.T) {
-	app := startImpaired(t, false, 1500, impair.Spec{Loss: 0.1, Seed: 7})
-	o := DefaultOptions(verbs.UD)
-	o.Iters, o.Timeout = 100, 100*time.Millisecond
-	s, cl := pair(t, o, Env{}, Env{})
-	if s.err != nil || cl.err != nil {
-		t.Fatalf("server: %v\n%s\nclient: %v\n%s", s.err, s.out, cl.err, cl.out)
-	}
-	var dropped uint64
-	for _, n := range app.NICs() {
-		dropped += n.Port().Stats().Egress.Dropped
-	}
-	c, sv := cl.res, s.res
-	t.Logf("client %d sent, %d received, %d lost; server %d sent, %d received; %d frames dropped", c.Sent, c.Received, c.Lost, sv.Sent, sv.Received, dropped)
-	switch {
-	case c.Sent != o.Iters || c.Received+c.Lost != o.Iters:
-		t.Errorf("client: %d sent, %d received, %d lost; want %d sent, each answered or lost", c.Sent, c.Received, c.Lost, o.Iters)
-	case sv.Received > c.Sent || sv.Sent != sv.Received || c.Received > sv.Sent:
-		t.Errorf("server: %d received, %d sent; client %d sent, %d received", sv.Received, sv.Sent, c.Sent, c.Received)
-	case c.Lost == 0 || uint64(c.Lost) > dropped:
-		t.Errorf("client: %d lost; the ports dropped %d frames", c.Lost, dropped)
-	}
-	for _, x := range []outcome{s, cl} {
-		m := datagramsRE.FindStringSubmatch(x.out)
-		if m == nil || m[1] != fmt.Sprint(x.res.Sent) || m[2] != fmt.Sprint(x.res.Received) || m[3] != fmt.Sprint(x.res.Lost) {
-			t.Errorf("output without the datagrams line of %+v:\n%s", x.res, x.out)
-		}
+	for _, c := range []struct {
+		name   string
+		events bool
+	}{{"polling", false}, {"events", true}} {
+		t.Run(c.name, func(t *testing.T) {
+			app := startImpaired(t, false, 1500, impair.Spec{Loss: 0.1, Seed: 7})
+			o := DefaultOptions(verbs.UD)
+			o.Iters, o.Timeout, o.Events = 100, 100*time.Millisecond, c.events
+			s, cl := pair(t, o, Env{}, Env{})
+			if s.err != nil || cl.err != nil {
+				t.Fatalf("server: %v\n%s\nclient: %v\n%s", s.err, s.out, cl.err, cl.out)
+			}
+			var dropped uint64
+			for _, n := range app.NICs() {
+				dropped += n.Port().Stats().Egress.Dropped
+			}
+			cr, sr := cl.res, s.res
+			t.Logf("client %d sent, %d received, %d lost; server %d sent, %d received; %d frames dropped", cr.Sent, cr.Received, cr.Lost, sr.Sent, sr.Received, dropped)
+			switch {
+			case cr.Sent != o.Iters || cr.Received+cr.Lost != o.Iters:
+				t.Errorf("client: %d sent, %d received, %d lost; want %d sent, each answered or lost", cr.Sent, cr.Received, cr.Lost, o.Iters)
+			case sr.Received > cr.Sent || sr.Sent != sr.Received || cr.Received > sr.Sent:
+				t.Errorf("server: %d received, %d sent; client %d sent, %d received", sr.Received, sr.Sent, cr.Sent, cr.Received)
+			case cr.Lost == 0 || uint64(cr.Lost) > dropped:
+				t.Errorf("client: %d lost; the ports dropped %d frames", cr.Lost, dropped)
+			}
+			for _, x := range []outcome{s, cl} {
+				m := datagramsRE.FindStringSubmatch(x.out)
+				if m == nil || m[1] != fmt.Sprint(x.res.Sent) || m[2] != fmt.Sprint(x.res.Received) || m[3] != fmt.Sprint(x.res.Lost) {
+					t.Errorf("output without the datagrams line of %+v:\n%s", x.res, x.out)
+				}
+			}
+		})
 	}
 }
 
