@@ -43,7 +43,7 @@ type Options struct {
 	Net byte
 	// Ingress impairs what the first port (taproce0) receives.
 	Ingress impair.Spec
-	// Egress impairs what the second port (taproce1) sends.
+	// Egress impairs what each port sends.
 	Egress impair.Spec
 	// Linger is control.Config.Linger (0: the default).
 	Linger time.Duration
@@ -107,9 +107,8 @@ func New(t testing.TB, o Options) *Rig {
 			Addrs: []netip.Prefix{netip.PrefixFrom(r.Addrs[i], 24)}}
 		if i == 0 {
 			cfg.Ingress = o.Ingress
-		} else {
-			cfg.Egress = o.Egress
 		}
+		cfg.Egress = o.Egress
 		if r.NICs[i], err = app.AddPortOn(dev, cfg); err != nil {
 			app.Close()
 			t.Fatal(fmt.Errorf("appliancetest: %w", err))

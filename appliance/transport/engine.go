@@ -59,7 +59,7 @@ type Config struct {
 	// by index.
 	GIDs []roce.GID
 	// MTU is the netdev MTU. The largest path MTU it carries
-	// (roce.MTUForNetdev) is the port's active MTU: a connected QP may not
+	// (abi.MTUForNetdev) is the port's active MTU: a connected QP may not
 	// be given a larger one (see QP.Modify).
 	MTU int
 	// Out receives the frames.

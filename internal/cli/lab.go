@@ -16,34 +16,37 @@ import (
 	"github.com/taproce/taproce/internal/lab"
 )
 
-// runLab implements `taproce lab [flags]` and `taproce lab down`.
-func runLab(args []string, stdout, stderr io.Writer) int {
-	if len(args) > 0 && args[0] == "down" {
-		if err := lab.Down(""); err != nil {
-			fmt.Fprintf(stderr, "taproce lab down: %v\n", err)
-			return 1
-		}
-		fmt.Fprintln(stdout, "lab removed")
-		return 0
-	}
-	fs := flag.NewFlagSet("lab", flag.ContinueOnError)
+// labFlags are the flags of `taproce lab`.
+type labFlags struct {
+	fs      *flag.FlagSet
+	o       lab.Options
+	poll    *string
+	rdmaMiB *int
+	verbose *bool
+}
+
+// newLabFlags defines the flags of `taproce lab`, with its usage written
+// to stderr. No usage string back-quotes a word: the flag package would
+// print that word as the flag's argument, a bool flag's too.
+func newLabFlags(stderr io.Writer) *labFlags {
+	f := &labFlags{fs: flag.NewFlagSet("lab", flag.ContinueOnError)}
+	fs, o := f.fs, &f.o
 	fs.SetOutput(stderr)
-	var o lab.Options
 	fs.IntVar(&o.Hosts, "hosts", 2, "number of host namespaces")
-	fs.IntVar(&o.MTU, "mtu", 1500, "MTU of veths, bridges and TAPs")
+	fs.IntVar(&o.MTU, "mtu", 1500, "MTU of veths, bridges and TAPs (9000: the configuration the performance figures are measured in)")
 	fs.StringVar(&o.Impair, "impair", "", `fault injection on every port, both directions: "loss=1%,duplicate=1%,reorder=5%,corrupt=0.1%,delay=200us,seed=7"`)
 	fs.StringVar(&o.Pcap, "pcap", "", "write every frame the ports send and receive to this pcap file")
-	fs.BoolVar(&o.Keep, "keep", false, "leave the lab up until interrupted; remove it with `taproce lab down`")
+	fs.BoolVar(&o.Keep, "keep", false, "leave the lab up until interrupted (Ctrl-C, or \"taproce lab down\" from a second terminal), serving verbs clients")
 	fs.BoolVar(&o.Offload, "super-frames", true, "move many RoCE packets per TAP syscall (UDP GSO)")
 	fs.IntVar(&o.Frames, "frames", 20000, "RoCE frames per direction in the exchange")
 	fs.IntVar(&o.KernelLoss, "kernel-loss", 0, "percent of RoCE packets the kernels drop on each veth (nftables; needs nft)")
 	fs.BoolVar(&o.LocalSwitch, "local-switch", false, "let the ports' traffic cross in memory instead of through the TAPs and the veth")
 	fs.StringVar(&o.Socket, "socket", "", "control socket of the lab's appliance (default "+lab.DefaultSocket+")")
-	poll := fs.String("poll", "adaptive", `how the appliance waits for its clients' posts: "block", "spin" or "adaptive"`)
+	f.poll = fs.String("poll", "adaptive", `how the appliance waits for its clients' posts: "block", "spin" or "adaptive"`)
 	fs.IntVar(&o.Procs, "procs", 0, "processors the appliance runs on while clients use it, as the config's procs (0: as --poll chooses: for spin half of them, two where there are two or three; all otherwise)")
 	fs.StringVar(&o.CPUs, "cpus", "", `processors the appliance runs on while clients use it, as the config's cpus ("1", "2-3"); the client processes run on the others (default: all, for both)`)
-	rdmaMiB := fs.Int("rdma-mib", 64, "MiB moved by RDMA WRITE and read back by RDMA READ between the first two hosts (0: skip)")
-	verbose := fs.Bool("v", false, "log port events")
+	f.rdmaMiB = fs.Int("rdma-mib", 64, "MiB moved by RDMA WRITE and read back by RDMA READ between the first two hosts (0: skip)")
+	f.verbose = fs.Bool("v", false, "log port events")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage: taproce lab [flags]    build the lab, run the checks and the exchange, print the results")
 		fmt.Fprintln(stderr, "       taproce lab down       remove a lab left up (--keep) or left behind")
@@ -51,6 +54,22 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr)
 		fs.PrintDefaults()
 	}
+	return f
+}
+
+// runLab implements `taproce lab [flags]` and `taproce lab down`.
+func runLab(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "down" {
+		r, err := lab.Down("")
+		if err != nil {
+			fmt.Fprintf(stderr, "taproce lab down: %v\n", err)
+			return 1
+		}
+		fmt.Fprintln(stdout, r)
+		return 0
+	}
+	f := newLabFlags(stderr)
+	fs, o := f.fs, &f.o
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -62,7 +81,7 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	o.Out = stdout
-	pm, err := appliance.ParsePollMode(*poll)
+	pm, err := appliance.ParsePollMode(*f.poll)
 	if err != nil {
 		fmt.Fprintln(stderr, "taproce lab:", err)
 		return 2
@@ -82,16 +101,16 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "taproce lab: needs root (network namespaces, TAP devices)")
 		return 2
 	}
-	o.RDMA = *rdmaMiB << 20
-	if *rdmaMiB <= 0 {
+	o.RDMA = *f.rdmaMiB << 20
+	if *f.rdmaMiB <= 0 {
 		o.RDMA = -1
 	}
-	if *verbose {
+	if *f.verbose {
 		o.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if _, err := lab.Run(ctx, o); err != nil {
+	if _, err := lab.Run(ctx, *o); err != nil {
 		if !errors.Is(err, lab.ErrFailed) {
 			fmt.Fprintf(stderr, "taproce lab: %v\n", err)
 			return 2

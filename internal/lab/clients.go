@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -22,6 +23,8 @@ import (
 	"github.com/taproce/taproce/appliance"
 	"github.com/taproce/taproce/internal/cpulist"
 	"github.com/taproce/taproce/internal/netnsutil"
+	"github.com/taproce/taproce/tap"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // The lab's verbs steps run the taproce binary as separate client
@@ -187,7 +190,9 @@ var bytesRe = regexp.MustCompile(`(\d+) bytes in ([0-9.]+) seconds = ([0-9.]+) M
 
 // verbsSteps runs the lab's client processes between the first two hosts:
 // each lists its device, then RC and UD pingpong as ibv_rc_pingpong and
-// ibv_ud_pingpong run them.
+// ibv_ud_pingpong run them — UD, under the lab's faults, waiting a bounded
+// time for each datagram and counting the lost ones, as UD never
+// retransmits one.
 func verbsSteps(ctx context.Context, l *Lab, binary string) []Step {
 	a, b := l.Hosts[0], l.Hosts[1]
 	var steps []Step
@@ -207,31 +212,104 @@ func verbsSteps(ctx context.Context, l *Lab, binary string) []Step {
 		s.Took = time.Since(start)
 		steps = append(steps, s)
 	}
-	for _, pp := range []struct {
-		name string
-		args []string
-	}{
-		{"RC pingpong (ibv_rc_pingpong's protocol)", []string{"-g", "1", "-n", "1000", "-s", "4096", "-c"}},
-		{"UD pingpong (ibv_ud_pingpong's protocol)", []string{"-t", "ud", "-g", "1", "-n", "1000", "-s", "1024"}},
-	} {
-		start := time.Now()
-		srvArgs := append([]string{"pingpong", "-d", b.Device}, pp.args...)
-		cliArgs := append([]string{"pingpong", "-d", a.Device}, pp.args...)
-		_, out, err := l.pair(ctx, binary, a, b, srvArgs, cliArgs, exchangePort, 60*time.Second)
-		s := Step{Name: fmt.Sprintf("%s %s → %s", pp.name, a.Namespace, b.Namespace), Took: time.Since(start)}
-		m, n := itersRe.FindStringSubmatch(out), bytesRe.FindStringSubmatch(out)
-		switch {
-		case err != nil:
-			s.Detail = err.Error()
-		case m == nil || n == nil:
-			s.Detail = "no result line: " + lastLine(out)
-		default:
-			s.OK = true
-			s.Detail = fmt.Sprintf("%s iters, %s µs/iter, %s Mbit/s", m[1], m[3], n[3])
-		}
-		steps = append(steps, s)
+	steps = append(steps, l.pingpongStep(ctx, binary, "RC pingpong (ibv_rc_pingpong's protocol)",
+		[]string{"-g", "1", "-n", "1000", "-s", "4096", "-c"}, false))
+	ud := []string{"-t", "ud", "-g", "1", "-n", "1000", "-s", "1024"}
+	if l.faults.what == "" {
+		steps = append(steps, l.pingpongStep(ctx, binary, "UD pingpong (ibv_ud_pingpong's protocol)", ud, false))
+	} else {
+		wait := l.faults.udWait()
+		steps = append(steps, l.pingpongStep(ctx, binary,
+			fmt.Sprintf("UD pingpong (ibv_ud_pingpong's protocol, %v for each datagram)", wait),
+			append(ud, "--timeout", fmt.Sprint(wait.Milliseconds())), true))
 	}
 	return steps
+}
+
+// udWait is how long the lab's UD pingpong waits for each datagram under
+// faults before it counts it as lost: far longer than a round trip of
+// the lab's (well under a millisecond, and the impairment's delay at the
+// four ports a round trip crosses).
+func (f faults) udWait() time.Duration { return 50*time.Millisecond + 4*f.delay }
+
+var datagramsRe = regexp.MustCompile(`(?m)^datagrams: (\d+) sent, (\d+) received, (\d+) lost`)
+
+// pingpongStep runs `taproce pingpong args` between the first two hosts
+// and reports its result line; with counted, a bounded UD pingpong
+// (--timeout), also the datagrams of both sides, sent and lost.
+func (l *Lab) pingpongStep(ctx context.Context, binary, name string, args []string, counted bool) Step {
+	a, b := l.Hosts[0], l.Hosts[1]
+	start := time.Now()
+	srvArgs := append([]string{"pingpong", "-d", b.Device}, args...)
+	cliArgs := append([]string{"pingpong", "-d", a.Device}, args...)
+	srvOut, out, err := l.pair(ctx, binary, a, b, srvArgs, cliArgs, exchangePort, 60*time.Second)
+	s := Step{Name: fmt.Sprintf("%s %s → %s", name, a.Namespace, b.Namespace), Took: time.Since(start)}
+	m, n := itersRe.FindStringSubmatch(out), bytesRe.FindStringSubmatch(out)
+	switch {
+	case err != nil:
+		s.Detail = err.Error()
+		return s
+	case m == nil || n == nil:
+		s.Detail = "no result line: " + lastLine(out)
+		return s
+	}
+	s.OK = true
+	s.Detail = fmt.Sprintf("%s iters, %s µs/iter, %s Mbit/s", m[1], m[3], n[3])
+	if !counted {
+		return s
+	}
+	d, ok := parseDatagrams(srvOut, out)
+	if !ok {
+		s.OK = false
+		s.Detail += "; no datagrams line: " + lastLine(srvOut) + " | " + lastLine(out)
+		return s
+	}
+	s.Detail += "; " + d.String() + " (" + l.faults.what + ")"
+	// Whatever arrives counts, as long as the loss is what the faults
+	// explain: at least 90 % of what they let through, as the exchange.
+	s.OK = float64(d.received) >= 0.9*l.faults.delivery*float64(d.sent)
+	return s
+}
+
+// datagrams counts a bounded UD pingpong's datagrams, both sides
+// together.
+type datagrams struct{ sent, received int }
+
+// String reads "1968 of 1990 datagrams, 22 lost".
+func (d datagrams) String() string {
+	return fmt.Sprintf("%d of %d datagrams, %d lost", d.received, d.sent, d.sent-d.received)
+}
+
+// parseDatagrams adds up the datagrams lines of a bounded UD pingpong's
+// two sides; every datagram one side sent and the other did not count
+// was lost (or later than the wait).
+func parseDatagrams(outs ...string) (datagrams, bool) {
+	var d datagrams
+	for _, out := range outs {
+		m := datagramsRe.FindStringSubmatch(out)
+		if m == nil {
+			return d, false
+		}
+		sent, _ := strconv.Atoi(m[1])
+		received, _ := strconv.Atoi(m[2])
+		d.sent += sent
+		d.received += received
+	}
+	return d, true
+}
+
+// executable returns the taproce executable the lab's client
+// processes run: binary unless it is "" or "-" (none), this process's own
+// otherwise (which is taproce outside tests).
+func executable(binary string) (string, error) {
+	if binary != "" && binary != "-" {
+		return binary, nil
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("lab: the taproce binary: %w", err)
+	}
+	return self, nil
 }
 
 // appPlace runs the lab's process on the processors its appliance takes
@@ -259,11 +337,10 @@ func (l *Lab) appPlace() (restore func(), err error) {
 func (l *Lab) serveClients(ctx context.Context, binary string) (steps []Step, stop func()) {
 	stop = func() {}
 	if binary == "" {
-		self, err := os.Executable()
-		if err != nil {
+		var err error
+		if binary, err = executable(""); err != nil {
 			return []Step{{Name: "verbs clients", Detail: err.Error()}}, stop
 		}
-		binary = self
 	}
 	if err := l.App.Control().Listen(); err != nil {
 		return []Step{{Name: "verbs clients: control socket " + l.Socket, Detail: err.Error()}}, stop
@@ -281,9 +358,87 @@ func (l *Lab) serveClients(ctx context.Context, binary string) (steps []Step, st
 	}
 	defer restore()
 	steps = verbsSteps(ctx, l, binary)
+	l.perfConf = l.currentConfig()
 	ps, rows := perfSteps(ctx, l, binary)
 	l.perf = rows
 	return append(steps, ps...), stop
+}
+
+// perfConfig is the configuration the lab's perf runs ran in. The perf
+// table states it because the figures depend on it as much as on the
+// code: the MTU alone sets how many packets, and so TAP writes, a
+// message takes.
+type perfConfig struct {
+	mtu, pathMTU int
+	superFrames  bool
+	poll         appliance.PollMode
+	// procs is how many processors the appliance ran on (GOMAXPROCS),
+	// cpus which ones ("": any).
+	procs       int
+	cpus        string
+	localSwitch bool
+	// faults names the faults on the links ("" for none).
+	faults string
+}
+
+// currentConfig returns the configuration the appliance runs in now.
+func (l *Lab) currentConfig() perfConfig {
+	offloaded := false
+	if t, ok := l.Hosts[0].Port.Device().(*tap.Tap); ok {
+		offloaded = t.Offloaded()
+	}
+	return perfConfig{
+		mtu: l.MTU, pathMTU: abi.MTUForNetdev(l.MTU).Bytes(), superFrames: offloaded,
+		poll: l.Poll, procs: runtime.GOMAXPROCS(0), cpus: l.CPUs, localSwitch: l.LocalSwitch, faults: l.faults.what,
+	}
+}
+
+// measuredMTU is the MTU of the configuration the performance figures
+// are measured in (scripts/bench, BenchmarkLabSpeed: Speed), with
+// super-frames and the lab's default poll mode, processors and wire.
+const measuredMTU = 9000
+
+// onOff spells a setting.
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
+// String reads "MTU 1500 (RoCE path MTU 1024), super-frames on, poll
+// adaptive, appliance on 2 processors, local switch off".
+func (c perfConfig) String() string {
+	where := fmt.Sprintf("appliance on %d processors", c.procs)
+	if c.procs == 1 {
+		where = "appliance on 1 processor"
+	}
+	if c.cpus != "" {
+		where += fmt.Sprintf(" (cpus %s, the clients on the others)", c.cpus)
+	}
+	s := fmt.Sprintf("MTU %d (RoCE path MTU %d), super-frames %s, poll %v, %s, local switch %s",
+		c.mtu, c.pathMTU, onOff(c.superFrames), c.poll, where, onOff(c.localSwitch))
+	if c.faults != "" {
+		s += ", " + c.faults
+	}
+	return s
+}
+
+// notes says why the figures of this configuration differ from the
+// measured ones, if they may: one sentence per difference.
+func (c perfConfig) notes() []string {
+	var n []string
+	if c.mtu < measuredMTU || !c.superFrames {
+		n = append(n, fmt.Sprintf("At MTU %d a 64 KiB message is %d RoCE packets of %d bytes, where TCP over the same veth hands the kernel 64 KiB at a time (GSO/GRO): the bandwidth figures are not the measured ones, which are at MTU %d with super-frames (write_bw about 1.0x TCP or more, scripts/bench). Run taproce lab --mtu %d for them.",
+			c.mtu, (65536+c.pathMTU-1)/c.pathMTU, c.pathMTU, measuredMTU, measuredMTU))
+	}
+	if c.localSwitch {
+		n = append(n, "With --local-switch the ports' traffic crossed in memory, not the veth that TCP crossed.")
+	}
+	if c.faults != "" {
+		n = append(n, fmt.Sprintf("Under the lab's faults (%s) the figures measure retransmission, not the path.", c.faults))
+	}
+	return n
 }
 
 // perfRun is one `taproce perf` run of the lab: a test at a message size.
@@ -376,15 +531,24 @@ func parsePerfJSON(out string) (ok bool, bw, rate, lat float64, detail string) {
 	return false, 0, 0, 0, "no result: " + lastLine(out)
 }
 
-// printPerf prints the perftest-style table of the lab's runs, with TCP
-// over the same veth, measured in the same run, as the baseline.
-func printPerf(w io.Writer, rows []perfRow, tcp float64) {
+// tcpRuns is how many runs of TCP over the lab's veth the perf table's
+// baseline is the median of: single runs swing by a factor of two on a
+// small machine, as Speed (SpeedOptions.TCPRuns) found.
+const tcpRuns = 5
+
+// printPerf prints the perftest-style table of the lab's runs, with the
+// configuration they ran in and TCP over the same veth, measured in the
+// same run, as the baseline; then why its figures may differ from the
+// measured ones.
+func printPerf(w io.Writer, rows []perfRow, tcp float64, conf perfConfig) {
 	if len(rows) == 0 {
 		return
 	}
-	fmt.Fprintln(w, "\n---------------------------------------------------------------------------------------")
+	const rule = "---------------------------------------------------------------------------------------"
+	fmt.Fprintln(w, "\n"+rule)
 	fmt.Fprintln(w, " taproce perf between the lab's client processes (perftest's columns; 1 MB = 2^20 bytes)")
-	fmt.Fprintln(w, "---------------------------------------------------------------------------------------")
+	fmt.Fprintln(w, wrap("at "+conf.String(), len(rule)))
+	fmt.Fprintln(w, rule)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, " test\t#bytes\t#iterations\tBW average[MB/sec]\tMsgRate[Mpps]\tt_typical[usec]\t")
 	for _, r := range rows {
@@ -399,8 +563,28 @@ func printPerf(w io.Writer, rows []perfRow, tcp float64) {
 		fmt.Fprintf(tw, " %s\t%d\t%d\t%.2f\t%.6f\t\t\n", r.run.test, r.run.size, r.run.iters, r.bw, r.rate)
 	}
 	if tcp > 0 {
-		fmt.Fprintf(tw, " TCP (same veth)\t\t\t%.2f\t\t\t\n", tcp/(1<<20))
+		fmt.Fprintf(tw, " TCP (same veth, median of %d)\t\t\t%.2f\t\t\t\n", tcpRuns, tcp/(1<<20))
 	}
 	tw.Flush()
-	fmt.Fprintln(w, "---------------------------------------------------------------------------------------")
+	fmt.Fprintln(w, rule)
+	for _, n := range conf.notes() {
+		fmt.Fprintln(w, wrap(n, len(rule)))
+	}
+}
+
+// wrap breaks s into lines of at most width characters at spaces, each
+// indented by one space as the table's lines are.
+func wrap(s string, width int) string {
+	var b strings.Builder
+	n := 0
+	for _, word := range strings.Fields(s) {
+		if n > 0 && n+1+len(word) > width {
+			b.WriteByte('\n')
+			n = 0
+		}
+		b.WriteByte(' ')
+		b.WriteString(word)
+		n += 1 + len(word)
+	}
+	return b.String()
 }

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -110,10 +111,41 @@ type Lab struct {
 	Hosts      []*Host
 	App        *appliance.Appliance // serves verbs on Socket once Serve runs
 	namespaces []string
-	perf       []perfRow // the perf runs of the client steps
+	perf       []perfRow  // the perf runs of the client steps
+	perfConf   perfConfig // the configuration they ran in
 	// clientCPUs is where client processes run: the processors CPUs
 	// leaves (nil: anywhere).
 	clientCPUs *cpulist.Set
+	// faults are what Run injects on the links, which the client steps
+	// must expect.
+	faults faults
+}
+
+// faults describes the faults injected on a lab's links: the verbs steps
+// over UD, which never retransmits, count lost datagrams under them
+// instead of waiting for ever for one.
+type faults struct {
+	// what names them ("impaired link", "kernel loss"); "" for none.
+	what string
+	// delivery is the share of the datagrams sent one way they let
+	// through.
+	delivery float64
+	// delay is the impairment's fixed delay of each frame, at each port
+	// and in each direction.
+	delay time.Duration
+}
+
+// newFaults describes the faults of the port impairment spec and the
+// kernels' loss rule (kernelLoss percent).
+func newFaults(spec impair.Spec, kernelLoss int) faults {
+	var what []string
+	if spec.Enabled() {
+		what = append(what, "impaired link")
+	}
+	if kernelLoss > 0 {
+		what = append(what, "kernel loss")
+	}
+	return faults{what: strings.Join(what, ", "), delivery: expectedDelivery(spec, kernelLoss), delay: spec.Delay}
 }
 
 // clientCPUs returns where the client processes run when the appliance

@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -242,21 +244,47 @@ func TestLabKernelLoss(t *testing.T) {
 	t.Logf("\n%s", out.String())
 }
 
-// TestLabRDMAImpaired moves 256 MiB by RDMA WRITE and reads it back by
-// RDMA READ under loss, reordering, duplication and corruption on every
-// port in both directions: the checksums must match and the run exit 0.
+// TestLabRDMAImpaired runs the lab as `taproce lab --impair` does, client
+// processes included, under loss, reordering, duplication and corruption
+// on every port in both directions: 256 MiB moved by RDMA WRITE and read
+// back by RDMA READ must have matching checksums, the UD pingpong must
+// count the datagrams the impairment lost instead of stalling on the
+// first, and the run must exit 0.
 func TestLabRDMAImpaired(t *testing.T) {
 	if testing.Short() {
 		t.Skip("moves 256 MiB over an impaired link; skipped with -short")
 	}
 	p := prefix(t)
 	var out strings.Builder
-	if _, err := Run(context.Background(), Options{Prefix: p, Hosts: 2, Offload: true, Frames: 2000, RDMA: 256 << 20,
-		Impair: "loss=1%,reorder=5%,duplicate=1%,corrupt=0.1%", Out: &out, Binary: "-"}); err != nil {
+	steps, err := Run(context.Background(), Options{Prefix: p, Hosts: 2, Offload: true, Frames: 2000, RDMA: 256 << 20,
+		Impair: "loss=1%,reorder=5%,duplicate=1%,corrupt=0.1%", Out: &out,
+		Binary: taproceBinary(t), Socket: filepath.Join(t.TempDir(), "lab.sock")})
+	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	if !strings.Contains(out.String(), "RDMA WRITE 256 MiB, READ it back") || !strings.Contains(out.String(), "SHA-256 identical") {
 		t.Fatalf("table:\n%s", out.String())
+	}
+	var ud *Step
+	for i := range steps {
+		if strings.HasPrefix(steps[i].Name, "UD pingpong") {
+			ud = &steps[i]
+		}
+	}
+	if ud == nil {
+		t.Fatalf("no UD pingpong step:\n%s", out.String())
+	}
+	m := regexp.MustCompile(`; (\d+) of (\d+) datagrams, (\d+) lost \(impaired link\)$`).FindStringSubmatch(ud.Detail)
+	if !ud.OK || m == nil {
+		t.Fatalf("UD pingpong: %s\n%s", ud.Detail, out.String())
+	}
+	got, _ := strconv.Atoi(m[1])
+	sent, _ := strconv.Atoi(m[2])
+	lost, _ := strconv.Atoi(m[3])
+	// About 2 % of some 2000 datagrams are lost: none lost would mean the
+	// impairment missed them or the count is wrong.
+	if lost == 0 || got+lost != sent || sent < 1000 {
+		t.Errorf("UD pingpong: %s", ud.Detail)
 	}
 	t.Logf("\n%s", out.String())
 }
@@ -320,8 +348,9 @@ func taproceBinary(t testing.TB) string {
 }
 
 // TestLabKeepServes: a lab left up (Keep) goes on serving verbs clients
-// on its control socket, and says how to reach it; it comes down when its
-// context ends.
+// on its control socket, and says how to reach it in commands that work
+// as printed, taproce's path included; it comes down when its context
+// ends.
 func TestLabKeepServes(t *testing.T) {
 	p := prefix(t)
 	bin := taproceBinary(t)
@@ -342,13 +371,12 @@ func TestLabKeepServes(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		_, err := Run(ctx, Options{Prefix: p, Hosts: 2, Offload: true, Frames: 100, RDMA: 1 << 20, Binary: "-", Keep: true,
+		_, err := Run(ctx, Options{Prefix: p, Hosts: 2, Offload: true, Frames: 100, RDMA: 1 << 20, Binary: bin, Keep: true,
 			Socket: sock, Out: pw})
 		pw.Close()
 		done <- err
 	}()
 	var out strings.Builder
-	sawSocket := false
 	for up := false; !up; {
 		select {
 		case line, ok := <-lines:
@@ -357,20 +385,25 @@ func TestLabKeepServes(t *testing.T) {
 			}
 			out.WriteString(line + "\n")
 			up = strings.Contains(line, "stays up")
-			sawSocket = sawSocket || strings.Contains(line, "TAPROCE_SOCKET="+sock)
-		case <-time.After(60 * time.Second):
+		case <-time.After(5 * time.Minute):
 			t.Fatalf("the lab never came up:\n%s", out.String())
 		}
 	}
+	var perfCmds []string
+	sawSocket, sawDown := false, false
 	for line := range lines { // the lines after "stays up" come at once
 		out.WriteString(line + "\n")
 		sawSocket = sawSocket || strings.Contains(line, "TAPROCE_SOCKET="+sock)
-		if strings.Contains(line, "the out-of-band exchange") {
+		sawDown = sawDown || strings.TrimSpace(line) == bin+" lab down"
+		if cmd, ok := strings.CutPrefix(line, "  ip netns exec "); ok && strings.Contains(cmd, bin+" perf write_bw") {
+			perfCmds = append(perfCmds, strings.TrimSpace(line))
+		}
+		if strings.Contains(line, "out-of-band exchange") {
 			break
 		}
 	}
-	if !sawSocket {
-		t.Errorf("no word of the control socket:\n%s", out.String())
+	if !sawSocket || !sawDown || len(perfCmds) != 2 || !strings.Contains(out.String(), "second terminal") {
+		t.Errorf("no word of the control socket, of %s lab down, of a second terminal, or not two perf commands (%q):\n%s", bin, perfCmds, out.String())
 	}
 	for i, ns := range []string{p + "1", p + "2"} {
 		cmd := exec.Command("ip", "netns", "exec", ns, bin, "devices")
@@ -378,6 +411,24 @@ func TestLabKeepServes(t *testing.T) {
 		got, err := cmd.CombinedOutput()
 		if want := fmt.Sprintf("taproce%d", i); err != nil || !strings.Contains(string(got), want) {
 			t.Errorf("taproce devices in %s: %v\n%s\nwant %s listed", ns, err, got, want)
+		}
+	}
+	if len(perfCmds) == 2 {
+		// The perf server and client, run as printed, by a shell.
+		srv, err := runClient(exec.Command("sh", "-c", perfCmds[0]), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := srv.waitListen(p+"1", exchangePort, serverStart); err != nil {
+			_ = srv.wait(time.Millisecond)
+			t.Fatalf("%s: %v\n%s", perfCmds[0], err, srv.output())
+		}
+		got, err := exec.Command("sh", "-c", perfCmds[1]).CombinedOutput()
+		if err != nil || !strings.Contains(string(got), "BW average") {
+			t.Errorf("%s: %v\n%s", perfCmds[1], err, got)
+		}
+		if err := srv.wait(time.Minute); err != nil {
+			t.Errorf("%s: %v\n%s", perfCmds[0], err, srv.output())
 		}
 	}
 	cancel()
@@ -396,4 +447,84 @@ func TestLabKeepServes(t *testing.T) {
 	if left, _ := netnsutil.List(p); len(left) != 0 {
 		t.Errorf("left behind: %v", left)
 	}
+}
+
+// TestRemovedString: `taproce lab down` says what it removed, and that
+// there was no lab when there was none.
+func TestRemovedString(t *testing.T) {
+	for _, c := range []struct {
+		r    Removed
+		want string
+	}{
+		{Removed{Prefix: "taproce-lab-"}, "no lab to remove: no kept lab is running and no namespace starts with taproce-lab-"},
+		{Removed{Prefix: "p-", PID: 42, Namespaces: []string{"p-1", "p-2"}}, "stopped the kept lab (pid 42) and removed its namespaces p-1, p-2"},
+		{Removed{Prefix: "p-", PID: 42}, "stopped the kept lab (pid 42)"},
+		{Removed{Prefix: "p-", Namespaces: []string{"p-1"}}, "removed namespaces p-1, left behind by a lab that did not end"},
+	} {
+		if got := c.r.String(); got != c.want {
+			t.Errorf("%+v: %q, want %q", c.r, got, c.want)
+		}
+	}
+}
+
+// TestDown: with nothing up, Down removes nothing and says so; it removes
+// the namespaces a lab left behind, and stops a kept lab's process (here
+// a helper process standing in for one), naming both.
+func TestDown(t *testing.T) {
+	p := prefix(t)
+	old := PIDFile
+	PIDFile = filepath.Join(t.TempDir(), "lab.pid")
+	defer func() { PIDFile = old }()
+
+	r, err := Down(p)
+	if err != nil || r.PID != 0 || len(r.Namespaces) != 0 || !strings.HasPrefix(r.String(), "no lab to remove") {
+		t.Fatalf("nothing up: %+v %q, %v", r, r.String(), err)
+	}
+
+	for _, n := range []string{p + "1", p + "2"} {
+		if err := netnsutil.Create(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self, "-test.run=^$") // its command line holds "lab", as a lab's does
+	cmd.Env = append(os.Environ(), listenEnv+"=0 1h")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	defer func() {
+		_ = cmd.Process.Kill() // by PID, the helper this test started
+		<-waited
+	}()
+	// Down knows a lab's process by its command line, which is the
+	// helper's once it has started.
+	execed := waitFor(time.Minute, func() bool {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", cmd.Process.Pid))
+		return strings.Contains(string(b), "-test.run=^$")
+	})
+	if !execed {
+		t.Fatal("the helper process did not start")
+	}
+	if err := os.WriteFile(PIDFile, []byte(fmt.Sprintf("%d\n", cmd.Process.Pid)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err = Down(p)
+	if err != nil || r.PID != cmd.Process.Pid || fmt.Sprint(r.Namespaces) != fmt.Sprint([]string{p + "1", p + "2"}) {
+		t.Fatalf("lab up: %+v, %v", r, err)
+	}
+	select {
+	case <-waited:
+		waited <- nil
+	case <-time.After(time.Minute):
+		t.Fatal("the kept lab's process still runs")
+	}
+	if left, _ := netnsutil.List(p); len(left) != 0 {
+		t.Errorf("left behind: %v", left)
+	}
+	t.Log(r)
 }

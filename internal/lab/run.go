@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -123,6 +124,7 @@ func Run(ctx context.Context, o Options) ([]Step, error) {
 		return steps, ErrFailed
 	}
 	defer l.Close()
+	l.faults = newFaults(spec, o.KernelLoss)
 	steps[0].Detail = fmt.Sprintf("%d namespaces, veth+bridge, TAP per host, MTU %d, super-frames %v", o.Hosts, l.MTU, l.Hosts[0].Port.Device().(*tap.Tap).Offloaded())
 
 	if o.KernelLoss > 0 {
@@ -139,7 +141,7 @@ func Run(ctx context.Context, o Options) ([]Step, error) {
 		if n == 2 && i == 1 {
 			dst = l.Hosts[0]
 		}
-		steps = append(steps, ex.run(ctx, src, dst, o.Frames, expectedDelivery(spec, o.KernelLoss)))
+		steps = append(steps, ex.run(ctx, src, dst, o.Frames, l.faults.delivery))
 	}
 	if o.RDMA > 0 {
 		steps = append(steps, rdmaSteps(ctx, l, o.RDMA)...)
@@ -167,11 +169,7 @@ func Run(ctx context.Context, o Options) ([]Step, error) {
 	}
 	printSteps(o.Out, steps)
 	if len(l.perf) > 0 {
-		tcp, err := TCPThroughput(l.Hosts[0], l.Hosts[1], 256<<20)
-		if err != nil {
-			tcp = 0
-		}
-		printPerf(o.Out, l.perf, tcp)
+		printPerf(o.Out, l.perf, l.tcpBaseline(), l.perfConf)
 	}
 	failed := false
 	for _, s := range steps {
@@ -183,7 +181,12 @@ func Run(ctx context.Context, o Options) ([]Step, error) {
 		} else {
 			defer restore()
 		}
-		keep(ctx, o.Out, l)
+		bin, err := executable(o.Binary)
+		if err != nil {
+			fmt.Fprintf(o.Out, "\n%v\n", err)
+			bin = "taproce"
+		}
+		keep(ctx, o.Out, l, bin)
 	}
 	if failed {
 		return steps, ErrFailed
@@ -415,15 +418,11 @@ func printSteps(w io.Writer, steps []Step) {
 }
 
 // keep leaves the lab up until the context ends or a signal arrives.
-func keep(ctx context.Context, w io.Writer, l *Lab) {
+func keep(ctx context.Context, w io.Writer, l *Lab, binary string) {
 	_ = os.MkdirAll(filepath.Dir(PIDFile), 0o755)
 	_ = os.WriteFile(PIDFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644)
 	defer os.Remove(PIDFile)
-	fmt.Fprintln(w, "\nThe lab stays up until this process ends (Ctrl-C, or `taproce lab down`). Enter it with:")
-	for _, h := range l.Hosts {
-		fmt.Fprintf(w, "  ip netns exec %s env TAPROCE_SOCKET=%s bash    # port %v %v MAC %v, kernel %v\n", h.Namespace, l.Socket, h.PortIPv4(), h.PortIPv6(), h.Port.MAC(), h.KernelAddrs[0].Addr())
-	}
-	fmt.Fprintf(w, "and run verbs clients there: `taproce perf write_bw` in the first, then `taproce perf write_bw %v` in the second\n(the out-of-band exchange goes to the kernel's address; RDMA goes to the port's).\n", l.Hosts[0].KernelAddrs[0].Addr())
+	keepMessage(w, l, binary)
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(sig)
@@ -431,6 +430,29 @@ func keep(ctx context.Context, w io.Writer, l *Lab) {
 	case <-ctx.Done():
 	case <-sig:
 	}
+}
+
+// keepMessage tells the user of a kept lab how to use it and take it
+// down, in commands that work as printed: they name the taproce binary
+// the lab runs (nothing installs one as "taproce" on the PATH) and run
+// in the host's namespace with the lab's socket.
+func keepMessage(w io.Writer, l *Lab, binary string) {
+	srv, cli := l.Hosts[0], l.Hosts[1]
+	env := func(h *Host) string {
+		return fmt.Sprintf("ip netns exec %s env TAPROCE_SOCKET=%s", h.Namespace, l.Socket)
+	}
+	fmt.Fprintf(w, "\nThe lab stays up until this process ends: Ctrl-C here, or in a second terminal\n  %s lab down\n", binary)
+	fmt.Fprintf(w, "Try it from a second terminal (as root): a perf server in %s,\n  %s %s perf write_bw\n", srv.Namespace, env(srv), binary)
+	fmt.Fprintf(w, "then, from a third, its client in %s:\n  %s %s perf write_bw %v\n", cli.Namespace, env(cli), binary, srv.KernelAddrs[0].Addr())
+	fmt.Fprintln(w, "A shell in a host, whose verbs clients (the same binary) use that host's port:")
+	for _, h := range l.Hosts {
+		fmt.Fprintf(w, "  %s bash    # port %v %v MAC %v, kernel %v\n", env(h), h.PortIPv4(), h.PortIPv6(), h.Port.MAC(), h.KernelAddrs[0].Addr())
+	}
+	if strings.Contains(binary, "/go-build") {
+		fmt.Fprintln(w, "(That is the binary `go run` built, which may not outlive this lab; `go build -o taproce .` in the repository makes one that stays.)")
+	}
+	fmt.Fprintf(w, "The client's out-of-band exchange goes to the server host's kernel address (%v); RDMA goes to its port's (%v).\n",
+		srv.KernelAddrs[0].Addr(), srv.PortIPv4())
 }
 
 // cleanStale removes what a killed lab left behind: its namespaces and PID
@@ -468,16 +490,59 @@ func runningLab() (int, bool) {
 	return pid, strings.Contains(string(cmd), "lab")
 }
 
-// Down stops a kept lab and removes every namespace of the lab prefix.
-func Down(prefix string) error {
+// Removed is what Down took away.
+type Removed struct {
+	// Prefix is the lab's namespace prefix.
+	Prefix string
+	// PID is the process of the kept lab Down stopped; 0 when none ran.
+	PID int
+	// Namespaces are the lab's namespaces that were there and are gone,
+	// whether the stopped lab removed them or Down did.
+	Namespaces []string
+}
+
+// String says what was removed or, when nothing was, that there was no
+// lab: "lab removed" after a command that found nothing would mislead.
+func (r Removed) String() string {
+	ns := "namespaces " + strings.Join(r.Namespaces, ", ")
+	switch {
+	case r.PID != 0 && len(r.Namespaces) > 0:
+		return fmt.Sprintf("stopped the kept lab (pid %d) and removed its %s", r.PID, ns)
+	case r.PID != 0:
+		return fmt.Sprintf("stopped the kept lab (pid %d)", r.PID)
+	case len(r.Namespaces) > 0:
+		return "removed " + ns + ", left behind by a lab that did not end"
+	}
+	return fmt.Sprintf("no lab to remove: no kept lab is running and no namespace starts with %s", r.Prefix)
+}
+
+// Down stops a kept lab and removes every namespace of the lab prefix,
+// and says what it removed.
+func Down(prefix string) (Removed, error) {
 	if prefix == "" {
 		prefix = DefaultPrefix
+	}
+	r := Removed{Prefix: prefix}
+	before, err := netnsutil.List(prefix)
+	if err != nil {
+		return r, fmt.Errorf("lab: %w", err)
 	}
 	if pid, ok := runningLab(); ok {
 		_ = syscall.Kill(pid, syscall.SIGTERM)
 		waitFor(10*time.Second, func() bool { return syscall.Kill(pid, 0) != nil })
+		r.PID = pid
 	}
-	return cleanStale(prefix)
+	err = cleanStale(prefix)
+	after, lerr := netnsutil.List(prefix)
+	if lerr != nil {
+		return r, errors.Join(err, fmt.Errorf("lab: %w", lerr))
+	}
+	for _, n := range before {
+		if !slices.Contains(after, n) {
+			r.Namespaces = append(r.Namespaces, n)
+		}
+	}
+	return r, err
 }
 
 // expectedDelivery is the share of the exchange's packets that the lab's

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -79,4 +80,21 @@ func TCPThroughput(a, b *Host, total int) (float64, error) {
 		return 0, err
 	}
 	return float64(total) / time.Since(start).Seconds(), nil
+}
+
+// tcpBaseline returns the median of tcpRuns runs of TCPThroughput of
+// 256 MiB between the first two hosts, as Speed takes it; 0 when a run
+// failed (the table then shows no baseline).
+func (l *Lab) tcpBaseline() float64 {
+	runs := make([]float64, tcpRuns)
+	for i := range runs {
+		r, err := TCPThroughput(l.Hosts[0], l.Hosts[1], 256<<20)
+		if err != nil {
+			l.Logger.Warn("lab: TCP baseline", "err", err)
+			return 0
+		}
+		runs[i] = r
+	}
+	slices.Sort(runs)
+	return runs[len(runs)/2]
 }

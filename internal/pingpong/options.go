@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/taproce/taproce/verbs"
 )
@@ -45,6 +46,11 @@ type Options struct {
 	// ODP asks for on-demand paging, -o, which taproce refuses as a
 	// device without ODP does.
 	ODP bool
+	// Timeout, --timeout (UD only, taproce's own), bounds the wait for
+	// each datagram and counts the ones that do not come as lost
+	// (Datagrams), for links that lose them; 0 waits for ever, as
+	// ibv_ud_pingpong does, where one lost datagram stalls both sides.
+	Timeout time.Duration
 }
 
 // DefaultOptions returns the tools' defaults for a transport: size 4096
@@ -67,7 +73,7 @@ var options = []Option{
 	{'m', "mtu", true}, {'r', "rx-depth", true}, {'n', "iters", true}, {'l', "sl", true},
 	{'e', "events", false}, {'g', "gid-idx", true}, {'o', "odp", false}, {'O', "iodp", false},
 	{'c', "chk", false}, {'t', "transport", true}, {0, "ud", false}, {0, "uc", false}, {0, "rc", false},
-	{'h', "help", false},
+	{0, "timeout", true}, {'h', "help", false},
 }
 
 // ErrHelp is returned by ParseArgs for -h.
@@ -134,6 +140,10 @@ func ParseArgs(args []string) (Options, error) {
 			o.Validate = true
 		case "o", "O":
 			o.ODP = true
+		case "timeout":
+			var ms int
+			ms, err = parseOption("timeout", p.Value, 1, 3600_000)
+			o.Timeout = time.Duration(ms) * time.Millisecond
 		}
 		if err != nil {
 			return Options{}, err
@@ -180,5 +190,8 @@ Options:
   -g, --gid-idx=<gid index> local port gid index (default 1, the IPv4 GID, else 0)
   -o, --odp              use on demand paging (taproce has none: refused)
   -c, --chk              validate received buffer
+      --timeout=<msec>   UD: wait at most <msec> ms for each datagram, count the
+                         ones that do not come as lost and go on (both sides;
+                         default: wait for ever, as ibv_ud_pingpong)
 `, argv0)
 }

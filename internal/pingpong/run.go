@@ -32,6 +32,9 @@ type Result struct {
 	InvalidPages []int
 	// Message is a copy of the message part of the buffer at the end.
 	Message []byte
+	// Sent, Received and Lost count the datagrams of a bounded UD
+	// pingpong (Options.Timeout; Datagrams says what each counts).
+	Sent, Received, Lost int
 }
 
 // Env holds what a caller other than the command line may change.
@@ -116,9 +119,15 @@ func (s *side) message() []byte {
 	return s.mr.Bytes()[:s.o.Size]
 }
 
-func (s *side) PostSend() error {
+func (s *side) PostSend() error { return s.postSend(verbs.WRSend, 0) }
+
+// PostSendSeq posts the message as a SEND with immediate data seq: the
+// bounded loop's sequence number (Datagrams).
+func (s *side) PostSendSeq(seq uint32) error { return s.postSend(verbs.WRSendWithImm, seq) }
+
+func (s *side) postSend(op verbs.Opcode, imm uint32) error {
 	wr := &s.send[0]
-	*wr = verbs.SendWR{ID: SendWRID, Opcode: verbs.WRSend, Flags: verbs.SendSignaled}
+	*wr = verbs.SendWR{ID: SendWRID, Opcode: op, Imm: imm, Flags: verbs.SendSignaled}
 	off := 0
 	if s.o.Type == verbs.UD {
 		off = GRHLen
@@ -212,7 +221,16 @@ func Run(ctx context.Context, o Options, env Env, stdout io.Writer) (*Result, er
 		return nil, err
 	}
 	defer s.vc.Close()
-	loop, err := NewLoop(s, o.Iters, o.RxDepth)
+	var (
+		loop *Loop
+		dg   *Datagrams
+		err  error
+	)
+	if o.Timeout > 0 {
+		dg, err = NewDatagrams(s, client, o.Iters, o.RxDepth, o.Timeout)
+	} else {
+		loop, err = NewLoop(s, o.Iters, o.RxDepth)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -251,28 +269,37 @@ func Run(ctx context.Context, o Options, env Env, stdout io.Writer) (*Result, er
 		}
 	}
 	res := &Result{Local: local, Remote: remote, Iters: o.Iters, Bytes: int64(o.Size) * int64(o.Iters) * 2}
-	if err := loop.Start(client); err != nil {
-		return res, err
-	}
-	start := time.Now()
 	var received func(n int) error
 	var wc *verbs.WC
 	if env.OnReceive != nil {
 		received = func(n int) error { return env.OnReceive(n, wc, s.mr.Bytes()) }
 	}
 	wcs := make([]verbs.WC, 2)
-	for !loop.Done() {
-		n, err := s.poll(ctx, wcs)
-		if err != nil {
-			return res, fmt.Errorf("after %d sends and %d receives completed: %w", loop.Sent, loop.Received, err)
+	start := time.Now()
+	if dg != nil {
+		if err := s.runDatagrams(ctx, dg, wcs, &wc, received); err != nil {
+			return res, err
 		}
-		for i := range wcs[:n] {
-			wc = &wcs[i]
-			if wc.Status != verbs.WCSuccess {
-				return res, StatusError(wc.Status.String(), int(wc.Status), wc.ID)
+		res.Sent, res.Received, res.Lost = dg.Sent, dg.Received, dg.Lost()
+		res.Bytes = int64(o.Size) * int64(dg.Sent+dg.Received)
+	} else {
+		if err := loop.Start(client); err != nil {
+			return res, err
+		}
+		start = time.Now()
+		for !loop.Done() {
+			n, err := s.poll(ctx, wcs)
+			if err != nil {
+				return res, fmt.Errorf("after %d sends and %d receives completed: %w", loop.Sent, loop.Received, err)
 			}
-			if err := loop.Complete(wc.ID, received); err != nil {
-				return res, err
+			for i := range wcs[:n] {
+				wc = &wcs[i]
+				if wc.Status != verbs.WCSuccess {
+					return res, StatusError(wc.Status.String(), int(wc.Status), wc.ID)
+				}
+				if err := loop.Complete(wc.ID, received); err != nil {
+					return res, err
+				}
 			}
 		}
 	}
@@ -280,6 +307,10 @@ func Run(ctx context.Context, o Options, env Env, stdout io.Writer) (*Result, er
 	usec := float64(res.Elapsed.Nanoseconds()) / 1e3
 	fmt.Fprintf(stdout, "%d bytes in %.2f seconds = %.2f Mbit/sec\n", res.Bytes, usec/1e6, float64(res.Bytes)*8/usec)
 	fmt.Fprintf(stdout, "%d iters in %.2f seconds = %.2f usec/iter\n", o.Iters, usec/1e6, usec/float64(o.Iters))
+	if dg != nil {
+		fmt.Fprintf(stdout, "datagrams: %d sent, %d received, %d lost (each waited for %v at most)\n",
+			res.Sent, res.Received, res.Lost, o.Timeout)
+	}
 	res.Message = append([]byte(nil), s.message()...)
 	if o.Validate {
 		res.InvalidPages = invalidPages(res.Message)
@@ -290,14 +321,51 @@ func Run(ctx context.Context, o Options, env Env, stdout io.Writer) (*Result, er
 	return res, nil
 }
 
+// runDatagrams runs the bounded exchange (--timeout): the completions
+// go to dg as they come, and each time its deadline passes first, the
+// wait it was for ends (Datagrams.Expire). *wc is the completion being
+// handled, for received.
+func (s *side) runDatagrams(ctx context.Context, dg *Datagrams, wcs []verbs.WC, wc **verbs.WC, received func(n int) error) error {
+	if err := dg.Start(time.Now()); err != nil {
+		return err
+	}
+	for !dg.Done() {
+		wctx, cancel := context.WithDeadline(ctx, dg.Deadline())
+		n, err := s.poll(wctx, wcs)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+				err = dg.Expire(time.Now())
+			}
+			if err != nil {
+				return fmt.Errorf("after %d sends and %d receives completed: %w", dg.Sent, dg.Received, err)
+			}
+			continue
+		}
+		now := time.Now()
+		for i := range wcs[:n] {
+			*wc = &wcs[i]
+			if wcs[i].Status != verbs.WCSuccess {
+				return StatusError(wcs[i].Status.String(), int(wcs[i].Status), wcs[i].ID)
+			}
+			if err := dg.Complete(&wcs[i], now, received); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 func (o *Options) check() error {
 	switch {
 	case o.Type != verbs.RC && o.Type != verbs.UC && o.Type != verbs.UD:
 		return usagef("QP type %d: want RC, UC or UD", o.Type)
 	case o.ODP:
 		return errors.New("the device isn't ODP capable or does not support RC send and receive with ODP")
-	case o.Size < 0 || o.Iters < 0 || o.RxDepth < 1 || o.Port < 0 || o.Port > 65535:
-		return usagef("size %d, iterations %d, rx depth %d or port %d out of range", o.Size, o.Iters, o.RxDepth, o.Port)
+	case o.Size < 0 || o.Iters < 0 || o.RxDepth < 1 || o.Port < 0 || o.Port > 65535 || o.Timeout < 0:
+		return usagef("size %d, iterations %d, rx depth %d, port %d or timeout %v out of range", o.Size, o.Iters, o.RxDepth, o.Port, o.Timeout)
+	case o.Timeout > 0 && o.Type != verbs.UD:
+		return usagef("--timeout applies to UD pingpong only")
 	}
 	if _, ok := verbs.MTUFromBytes(o.MTU); !ok {
 		return usagef("path MTU %d: choose from 256, 512, 1024, 2048 or 4096", o.MTU)

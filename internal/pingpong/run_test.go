@@ -15,6 +15,7 @@ import (
 
 	"github.com/taproce/taproce/appliance"
 	"github.com/taproce/taproce/appliance/appliancetest"
+	"github.com/taproce/taproce/internal/impair"
 	"github.com/taproce/taproce/verbs"
 )
 
@@ -23,7 +24,14 @@ import (
 // socket in a temporary directory that TAPROCE_SOCKET names.
 func startAppliance(t testing.TB, localSwitch bool, mtu int) *appliance.Appliance {
 	t.Helper()
-	return appliancetest.New(t, appliancetest.Options{LocalSwitch: localSwitch, MTU: mtu, Namespace: "pingpong"}).App
+	return startImpaired(t, localSwitch, mtu, impair.Spec{})
+}
+
+// startImpaired is startAppliance with every frame the two ports send
+// impaired as spec says.
+func startImpaired(t testing.TB, localSwitch bool, mtu int, spec impair.Spec) *appliance.Appliance {
+	t.Helper()
+	return appliancetest.New(t, appliancetest.Options{LocalSwitch: localSwitch, MTU: mtu, Namespace: "pingpong", Egress: spec}).App
 }
 
 // outcome is one side's run.
@@ -213,6 +221,50 @@ func firstDiff(a, b []byte) int {
 	return min(len(a), len(b))
 }
 
+var datagramsRE = regexp.MustCompile(`(?m)^datagrams: (\d+) sent, (\d+) received, (\d+) lost \(each waited for 100ms at most\)$`)
+
+// TestPingpongTimeout runs the bounded UD pingpong (--timeout), polling
+// and sleeping on completion events (-e), over a fake wire that drops a
+// tenth of the frames each port sends: both sides end, and every round
+// trip is counted once, answered or lost — a lost round trip is one
+// datagram the ports dropped.
+func TestPingpongTimeout(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		events bool
+	}{{"polling", false}, {"events", true}} {
+		t.Run(c.name, func(t *testing.T) {
+			app := startImpaired(t, false, 1500, impair.Spec{Loss: 0.1, Seed: 7})
+			o := DefaultOptions(verbs.UD)
+			o.Iters, o.Timeout, o.Events = 100, 100*time.Millisecond, c.events
+			s, cl := pair(t, o, Env{}, Env{})
+			if s.err != nil || cl.err != nil {
+				t.Fatalf("server: %v\n%s\nclient: %v\n%s", s.err, s.out, cl.err, cl.out)
+			}
+			var dropped uint64
+			for _, n := range app.NICs() {
+				dropped += n.Port().Stats().Egress.Dropped
+			}
+			cr, sr := cl.res, s.res
+			t.Logf("client %d sent, %d received, %d lost; server %d sent, %d received; %d frames dropped", cr.Sent, cr.Received, cr.Lost, sr.Sent, sr.Received, dropped)
+			switch {
+			case cr.Sent != o.Iters || cr.Received+cr.Lost != o.Iters:
+				t.Errorf("client: %d sent, %d received, %d lost; want %d sent, each answered or lost", cr.Sent, cr.Received, cr.Lost, o.Iters)
+			case sr.Received > cr.Sent || sr.Sent != sr.Received || cr.Received > sr.Sent:
+				t.Errorf("server: %d received, %d sent; client %d sent, %d received", sr.Received, sr.Sent, cr.Sent, cr.Received)
+			case cr.Lost == 0 || uint64(cr.Lost) > dropped:
+				t.Errorf("client: %d lost; the ports dropped %d frames", cr.Lost, dropped)
+			}
+			for _, x := range []outcome{s, cl} {
+				m := datagramsRE.FindStringSubmatch(x.out)
+				if m == nil || m[1] != fmt.Sprint(x.res.Sent) || m[2] != fmt.Sprint(x.res.Received) || m[3] != fmt.Sprint(x.res.Lost) {
+					t.Errorf("output without the datagrams line of %+v:\n%s", x.res, x.out)
+				}
+			}
+		})
+	}
+}
+
 // TestPingpongValidateFinds: a server with -c facing a client without it
 // reports every page, as ibv_rc_pingpong's server does ("invalid data in
 // page N"), since the client's buffer lacks the marks.
@@ -274,6 +326,7 @@ func TestPingpongRefusals(t *testing.T) {
 		{func(o *Options) { o.IBPort = 2 }, "port info for port 2"},
 		{func(o *Options) { o.Type, o.Size = verbs.UD, 2048 }, "requested size larger than port MTU (1024)"},
 		{func(o *Options) { o.GIDIndex = 9 }, "can't read sgid of index 9"},
+		{func(o *Options) { o.Timeout = time.Second }, "--timeout applies to UD pingpong only"},
 		{func(o *Options) { o.Server, o.Port = "127.0.0.1", 1 }, "couldn't connect to 127.0.0.1:1"},
 	} {
 		o := DefaultOptions(verbs.RC)
@@ -306,6 +359,8 @@ func TestParseArgs(t *testing.T) {
 		{[]string{"-tuc"}, func(o *Options) { *o = DefaultOptions(verbs.UC) }, ""},
 		{[]string{"--iter", "3"}, func(o *Options) { o.Iters = 3 }, ""},
 		{[]string{"-o"}, func(o *Options) { o.ODP = true }, ""},
+		{[]string{"--ud", "--timeout", "50"}, func(o *Options) { *o = DefaultOptions(verbs.UD); o.Timeout = 50 * time.Millisecond }, ""},
+		{[]string{"--timeout=0"}, nil, "out of range 1…3600000"},
 		{[]string{"--", "-host"}, func(o *Options) { o.Server = "-host" }, ""},
 		{[]string{"-x"}, nil, "invalid option -- 'x'"},
 		{[]string{"-s"}, nil, "option requires an argument -- 's'"},
