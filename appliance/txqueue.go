@@ -23,9 +23,7 @@ const txQueueLen = 64
 // every batch a blocking loop sends (PortConfig.Loop): the loop's thread
 // never gives its P to the writer, which then runs on another processor,
 // where its copy of each frame into the kernel reads the frame from the
-// loop's processor's cache (write_bw 64 KiB with the appliance blocking,
-// 2 cores, eight runs each interleaved: 7 of 8 at or above TCP's rate
-// writing on the loop's thread, 4 of 8 through the writer).
+// loop's processor's cache (docs/performance-log.md, txInlineBytes).
 const txInlineBytes = 16 << 10
 
 // txItem is one batch waiting for the writer.

@@ -13,7 +13,7 @@ import (
 // PerfResultsEnv names the environment variable that, when set, makes the
 // perftest interop tests write their outcome as JSON (PerfResults) to the
 // file it names, e.g. interop/testdata/perf-results.json, from which
-// PerfTable makes the README's table.
+// PerfTable makes the table of docs/interop.md.
 const PerfResultsEnv = "TAPROCE_INTEROP_PERF_RESULTS"
 
 // PerfResult is the outcome of one perftest run against `taproce perf`.

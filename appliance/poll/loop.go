@@ -395,17 +395,13 @@ func (l *Loop) lingering() bool {
 
 // helpAfter is how many passes in a row must find work before the helper
 // joins a blocking loop: a ping-pong's message takes a pass or two to go
-// through, a stream keeps finding work (on 2 cores: send_lat 2 B went
-// from 10.5 to 18–19 µs with 4, write_bw 64 KiB from 0.6× to 1.0–1.2× TCP
-// with 16 instead of none).
+// through, a stream keeps finding work (docs/performance-log.md,
+// helpAfter).
 const helpAfter = 16
 
 // spinHelpAfter is helpAfter for a spinning loop, whose passes come
-// faster: write_bw 64 KiB on 2 cores went from 0.75× to 1.0× TCP with the
-// helper; in 24 to 48 interleaved runs each, the median write_bw was 2419,
-// 2490 and 2332 MB/s with 16, 32 and 64, and send_lat took 18–23 µs
-// instead of 8 in 25 %, 8 % and 4 % of the runs (the helper joining
-// where it only gets in the way).
+// faster; fewer let the helper join ping-pongs, where it only gets in the
+// way (docs/performance-log.md, spinHelpAfter).
 const spinHelpAfter = 32
 
 // helperIdlePasses is how many passes in a row the helper makes without

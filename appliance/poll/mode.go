@@ -92,9 +92,7 @@ func (m Mode) Linger() time.Duration {
 // answer to that message, which then leaves in the same write: spinning,
 // 10 µs, watched by the spinning loop's ring polls; sleeping, 5 µs, which
 // the blocking loop spends polling instead of sleeping (Loop.AddHold), so
-// that the answer needs no doorbell. Measured in docs/performance.md: with
-// the spinning appliance send_lat 2 B went from 12.5 to 10.9 µs, with the
-// blocking loop from 15.2–15.7 to 7.8–11.9 µs.
+// that the answer needs no doorbell (docs/performance-log.md, AckDelay).
 func (m Mode) AckDelay() time.Duration {
 	if m == Spin {
 		return 10 * time.Microsecond
@@ -107,9 +105,8 @@ func (m Mode) AckDelay() time.Duration {
 // of work; when it spins, half of them, but two where there are two or
 // three — the spinning loop's and its helper's, which joins while a stream
 // keeps the loop busy and sleeps otherwise. Clients that busy-poll their
-// completion queues need the other cores (docs/performance.md: on 2 cores
-// the helper took write_bw 64 KiB from 0.75× to 1.0× TCP, lat/raw
-// unchanged). The config's procs trades back.
+// completion queues need the other cores (docs/performance-log.md,
+// procs). The config's procs trades back.
 func (m Mode) Procs(available int) int {
 	if m == Spin {
 		return min(available, max(2, available/2))

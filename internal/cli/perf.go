@@ -15,8 +15,7 @@ import (
 // pingpong tools measure with one thread, and the Go scheduler's other Ps
 // would only spin up threads that look for work between two polls —
 // taking the core the appliance's data path needs on a small machine
-// (BenchmarkLabSpeed on 2 cores: send_lat 47–54 µs with the default,
-// 31–33 µs with one P).
+// (docs/performance-log.md, one P for the tools).
 func singleProc() {
 	if os.Getenv("GOMAXPROCS") == "" {
 		runtime.GOMAXPROCS(1)

@@ -233,8 +233,8 @@ type waiter struct {
 // sleeps: long with cores to spare; short on a small machine, where the
 // appliance (or a VM, or the peer) needs the core a polling client would
 // take to move the test's traffic, and a wakeup costs less than the time
-// slices a crowd of pollers shares out (write_bw 64 KiB on 2 cores, 8
-// runs: 0.98× TCP with 20 µs, 0.62× with 1 ms).
+// slices a crowd of pollers shares out (docs/performance-log.md, perf's
+// polling).
 var bwSpinFor = func() time.Duration {
 	if runtime.NumCPU() >= 4 {
 		return time.Millisecond
@@ -247,8 +247,7 @@ var bwSpinFor = func() time.Duration {
 // nothing for the appliance to do while its answer travels, and what it
 // measures is how soon the answer is seen: perftest's latency tests poll
 // without ever sleeping. Each sleep of a waiter costs a wakeup that the
-// answer waits for (send_lat 2 B on 2 cores, appliance blocking, 8 runs:
-// median 7.2× the raw ping-pong with 20 µs of polling, 5.3× with 1 ms).
+// answer waits for (docs/performance-log.md, perf's polling).
 const latSpinFor = time.Millisecond
 
 // spinFor is how long the waiters of a test of kind k busy-poll; polls
@@ -256,9 +255,8 @@ const latSpinFor = time.Millisecond
 // (verbs.Context.AppliancePolls). A bandwidth test then polls as long as
 // a latency test: a sleeping client costs the spinning appliance a
 // doorbell write for each wakeup and answers the completion late, and
-// takes nothing from it by polling (write_bw 64 KiB on 2 cores with the
-// appliance spinning, three runs each in four interleaved rounds: 1440
-// MB/s sleeping after 20 µs, 1640 MB/s after 1 ms).
+// takes nothing from it by polling (docs/performance-log.md, perf's
+// polling).
 func spinFor(k Kind, polls bool) time.Duration {
 	if k == Lat || polls {
 		return latSpinFor

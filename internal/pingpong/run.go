@@ -52,9 +52,8 @@ type Env struct {
 // completion (yielding the processor between polls, spin.Spinner), then
 // sleeps pollSleep between polls. The tools poll without ever sleeping; a
 // millisecond covers any round trip of a working NIC, and after it a
-// polling loop gives its core back. (Polling 2000 times instead, a
-// fraction of a millisecond, `pingpong -s 2` took 12–49 µs one way on 2
-// cores with the appliance spinning, against 11–13 µs.)
+// polling loop gives its core back (docs/performance-log.md, pingpong's
+// polling).
 const (
 	pollSpinFor = time.Millisecond
 	pollSleep   = 10 * time.Microsecond

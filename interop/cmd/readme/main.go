@@ -1,7 +1,7 @@
-// Command readme writes the interop tables of README.md from the results
+// Command readme writes the interop tables of docs/interop.md from the results
 // the interop suite recorded (interop/testdata/perf-results.json, written
 // by `TAPROCE_INTEROP_PERF_RESULTS=FILE go test ./interop/`), between the
-// README's interop markers: the perftest matrix (interop.PerfTable), the
+// page's interop markers: the perftest matrix (interop.PerfTable), the
 // runs under loss (interop.LossTable) and the runs between two rxe VMs
 // next to taproce's (interop.PairTable). Run it from the module root.
 package main
@@ -20,7 +20,7 @@ const (
 )
 
 func main() {
-	if err := run("interop/testdata/perf-results.json", "README.md"); err != nil {
+	if err := run("interop/testdata/perf-results.json", "docs/interop.md"); err != nil {
 		fmt.Fprintln(os.Stderr, "readme:", err)
 		os.Exit(1)
 	}
