@@ -26,18 +26,20 @@ const (
 	MaxSlotSize = 1 << 24
 )
 
+// The ring header's words (see the package documentation), exported for
+// the C client library's copy of the layout (verbs/libibverbs/abi.h).
 const (
-	ringMagic   = 0x474e5254 // "TRNG" read as a little-endian uint32
-	ringVersion = 1
+	RingMagic   = 0x474e5254 // "TRNG" read as a little-endian uint32
+	RingVersion = 1
 
-	offMagic     = 0
-	offVersion   = 4
-	offSlots     = 8
-	offSlotSize  = 12
-	offProd      = 64
-	offCons      = 128
-	offConsSleep = 192
-	offProdSleep = 196
+	RingOffMagic     = 0
+	RingOffVersion   = 4
+	RingOffSlots     = 8
+	RingOffSlotSize  = 12
+	RingOffProd      = 64
+	RingOffCons      = 128
+	RingOffConsSleep = 192
+	RingOffProdSleep = 196
 )
 
 // Ring is one side's handle on a single-producer/single-consumer ring of
@@ -148,16 +150,16 @@ func InitRing(mem []byte, slots, slotSize int) (*Ring, error) {
 	if err := checkMem(mem, uint64(need)); err != nil {
 		return nil, fmt.Errorf("shmem: InitRing: %w", err)
 	}
-	u32At(mem, offMagic).Store(0)
-	clear(mem[offMagic+4 : RingHeaderBytes])
-	u32At(mem, offVersion).Store(ringVersion)
-	u32At(mem, offSlots).Store(uint32(slots))
-	u32At(mem, offSlotSize).Store(uint32(slotSize))
-	u64At(mem, offProd).Store(0)
-	u64At(mem, offCons).Store(0)
-	u32At(mem, offConsSleep).Store(0)
-	u32At(mem, offProdSleep).Store(0)
-	u32At(mem, offMagic).Store(ringMagic)
+	u32At(mem, RingOffMagic).Store(0)
+	clear(mem[RingOffMagic+4 : RingHeaderBytes])
+	u32At(mem, RingOffVersion).Store(RingVersion)
+	u32At(mem, RingOffSlots).Store(uint32(slots))
+	u32At(mem, RingOffSlotSize).Store(uint32(slotSize))
+	u64At(mem, RingOffProd).Store(0)
+	u64At(mem, RingOffCons).Store(0)
+	u32At(mem, RingOffConsSleep).Store(0)
+	u32At(mem, RingOffProdSleep).Store(0)
+	u32At(mem, RingOffMagic).Store(RingMagic)
 	return newRing(mem, uint64(slots), uint64(slotSize), 0, 0), nil
 }
 
@@ -171,15 +173,15 @@ func AttachRing(mem []byte) (*Ring, error) {
 	if err := checkMem(mem, RingHeaderBytes); err != nil {
 		return nil, fmt.Errorf("shmem: AttachRing: %w", err)
 	}
-	magic := u32At(mem, offMagic).Load()
-	version := u32At(mem, offVersion).Load()
-	slots := uint64(u32At(mem, offSlots).Load())
-	slotSize := uint64(u32At(mem, offSlotSize).Load())
-	if magic != ringMagic {
-		return nil, fmt.Errorf("shmem: AttachRing: magic %#08x, want %#08x: %w", magic, ringMagic, ErrBadRing)
+	magic := u32At(mem, RingOffMagic).Load()
+	version := u32At(mem, RingOffVersion).Load()
+	slots := uint64(u32At(mem, RingOffSlots).Load())
+	slotSize := uint64(u32At(mem, RingOffSlotSize).Load())
+	if magic != RingMagic {
+		return nil, fmt.Errorf("shmem: AttachRing: magic %#08x, want %#08x: %w", magic, RingMagic, ErrBadRing)
 	}
-	if version != ringVersion {
-		return nil, fmt.Errorf("shmem: AttachRing: version %d, want %d: %w", version, ringVersion, ErrBadRing)
+	if version != RingVersion {
+		return nil, fmt.Errorf("shmem: AttachRing: version %d, want %d: %w", version, RingVersion, ErrBadRing)
 	}
 	if err := checkGeometry(slots, slotSize); err != nil {
 		return nil, fmt.Errorf("shmem: AttachRing: %w", err)
@@ -188,8 +190,8 @@ func AttachRing(mem []byte) (*Ring, error) {
 	if err := checkMem(mem, RingHeaderBytes+slots*slotSize); err != nil {
 		return nil, fmt.Errorf("shmem: AttachRing: %w", err)
 	}
-	prod := u64At(mem, offProd).Load()
-	cons := u64At(mem, offCons).Load()
+	prod := u64At(mem, RingOffProd).Load()
+	cons := u64At(mem, RingOffCons).Load()
 	if prod-cons > slots {
 		return nil, fmt.Errorf("shmem: AttachRing: producer index %d, consumer index %d, %d slots: %w", prod, cons, slots, ErrCorrupt)
 	}
@@ -203,10 +205,10 @@ func newRing(mem []byte, slots, slotSize, prod, cons uint64) *Ring {
 		slotSize:  int(slotSize),
 		nslots:    slots,
 		mask:      slots - 1,
-		prodIdx:   u64At(mem, offProd),
-		consIdx:   u64At(mem, offCons),
-		consSleep: u32At(mem, offConsSleep),
-		prodSleep: u32At(mem, offProdSleep),
+		prodIdx:   u64At(mem, RingOffProd),
+		consIdx:   u64At(mem, RingOffCons),
+		consSleep: u32At(mem, RingOffConsSleep),
+		prodSleep: u32At(mem, RingOffProdSleep),
 		prod:      prod,
 		prodCons:  cons,
 		cons:      cons,

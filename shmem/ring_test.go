@@ -220,27 +220,27 @@ func TestAttachRingHeader(t *testing.T) {
 		want  error
 	}{
 		{"valid", func([]byte) {}, 0, false, nil},
-		{"bad magic", put32(offMagic, 0xdeadbeef), 0, false, ErrBadRing},
-		{"byte-swapped magic", put32(offMagic, 0x54524e47), 0, false, ErrBadRing},
+		{"bad magic", put32(RingOffMagic, 0xdeadbeef), 0, false, ErrBadRing},
+		{"byte-swapped magic", put32(RingOffMagic, 0x54524e47), 0, false, ErrBadRing},
 		{"zero header", func(m []byte) { clear(m[:RingHeaderBytes]) }, 0, false, ErrBadRing},
-		{"version 2", put32(offVersion, 2), 0, false, ErrBadRing},
-		{"zero slots", put32(offSlots, 0), 0, false, ErrBadRing},
-		{"slots not power of two", put32(offSlots, 15), 0, false, ErrBadRing},
-		{"huge slots", put32(offSlots, 1<<31), 0, false, ErrBadRing},
-		{"slots beyond memory", put32(offSlots, 32), 0, false, ErrBadRing},
-		{"zero slot size", put32(offSlotSize, 0), 0, false, ErrBadRing},
-		{"slot size not multiple of 8", put32(offSlotSize, 33), 0, false, ErrBadRing},
-		{"huge slot size", put32(offSlotSize, 0xfffffff8), 0, false, ErrBadRing},
-		{"slot size beyond memory", put32(offSlotSize, 40), 0, false, ErrBadRing},
+		{"version 2", put32(RingOffVersion, 2), 0, false, ErrBadRing},
+		{"zero slots", put32(RingOffSlots, 0), 0, false, ErrBadRing},
+		{"slots not power of two", put32(RingOffSlots, 15), 0, false, ErrBadRing},
+		{"huge slots", put32(RingOffSlots, 1<<31), 0, false, ErrBadRing},
+		{"slots beyond memory", put32(RingOffSlots, 32), 0, false, ErrBadRing},
+		{"zero slot size", put32(RingOffSlotSize, 0), 0, false, ErrBadRing},
+		{"slot size not multiple of 8", put32(RingOffSlotSize, 33), 0, false, ErrBadRing},
+		{"huge slot size", put32(RingOffSlotSize, 0xfffffff8), 0, false, ErrBadRing},
+		{"slot size beyond memory", put32(RingOffSlotSize, 40), 0, false, ErrBadRing},
 		{"memory one byte short", func([]byte) {}, 1, false, ErrBadRing},
 		{"memory shorter than header", func([]byte) {}, n - RingHeaderBytes + 1, false, ErrBadRing},
 		{"misaligned", func([]byte) {}, 0, true, ErrBadRing},
-		{"full ring", put64(offProd, slots), 0, false, nil},
-		{"producer too far ahead", put64(offProd, slots+1), 0, false, ErrCorrupt},
-		{"consumer ahead of producer", put64(offCons, 1), 0, false, ErrCorrupt},
+		{"full ring", put64(RingOffProd, slots), 0, false, nil},
+		{"producer too far ahead", put64(RingOffProd, slots+1), 0, false, ErrCorrupt},
+		{"consumer ahead of producer", put64(RingOffCons, 1), 0, false, ErrCorrupt},
 		{"indices near wrap", func(m []byte) {
-			put64(offProd, 3)(m)
-			put64(offCons, ^uint64(0)-2)(m)
+			put64(RingOffProd, 3)(m)
+			put64(RingOffCons, ^uint64(0)-2)(m)
 		}, 0, false, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -280,15 +280,15 @@ func TestRingCorruptIndices(t *testing.T) {
 		producer bool   // whether the producer (true) or consumer (false) side notices
 		ok       bool   // a legal value: no corruption
 	}{
-		{"producer jumps past consumer+slots", 2, 0, offProd, slots + 1, false, false},
-		{"producer moves backwards", 4, 0, offProd, ^uint64(0), false, false},
-		{"producer behind consumer", 4, 4, offProd, ^uint64(1), false, false},
-		{"producer huge", 0, 0, offProd, 1 << 63, false, false},
-		{"producer exactly full", 0, 0, offProd, slots, false, true},
-		{"consumer ahead of producer", 3, 0, offCons, 1, true, false},
-		{"consumer backwards", 3, 3, offCons, ^uint64(3), true, false},
-		{"consumer huge", 3, 0, offCons, 1 << 40, true, false},
-		{"consumer catches up", 3, 0, offCons, 0, true, true},
+		{"producer jumps past consumer+slots", 2, 0, RingOffProd, slots + 1, false, false},
+		{"producer moves backwards", 4, 0, RingOffProd, ^uint64(0), false, false},
+		{"producer behind consumer", 4, 4, RingOffProd, ^uint64(1), false, false},
+		{"producer huge", 0, 0, RingOffProd, 1 << 63, false, false},
+		{"producer exactly full", 0, 0, RingOffProd, slots, false, true},
+		{"consumer ahead of producer", 3, 0, RingOffCons, 1, true, false},
+		{"consumer backwards", 3, 3, RingOffCons, ^uint64(3), true, false},
+		{"consumer huge", 3, 0, RingOffCons, 1 << 40, true, false},
+		{"consumer catches up", 3, 0, RingOffCons, 0, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, mem := newTestRing(t, slots, 8)
@@ -299,7 +299,7 @@ func TestRingCorruptIndices(t *testing.T) {
 			r.Len()
 			r.ReleaseN(tc.released)
 			r.Free()
-			u64At(mem, tc.off).Store(u64At(mem, offProd).Load() + tc.delta)
+			u64At(mem, tc.off).Store(u64At(mem, RingOffProd).Load() + tc.delta)
 			if tc.producer {
 				free := r.Free()
 				if tc.ok {
@@ -512,9 +512,9 @@ func FuzzAttachRing(f *testing.F) {
 					r.ReleaseN(arg + 1)
 				}
 			case 4:
-				u64At(mem, offProd).Store(word(&i))
+				u64At(mem, RingOffProd).Store(word(&i))
 			case 5:
-				u64At(mem, offCons).Store(word(&i))
+				u64At(mem, RingOffCons).Store(word(&i))
 			case 6:
 				binary.NativeEndian.PutUint64(mem[arg%RingHeaderBytes&^7:], word(&i))
 			case 7:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -23,7 +24,14 @@ type session struct {
 	netns uint64
 	log   *slog.Logger
 
-	wmu sync.Mutex // serialises writes to conn
+	wmu sync.Mutex // serialises writes to conn and evconn
+	// evconn, when the client asked for it (abi.OpenEventSocket), is
+	// where its events go instead of conn; set once, at open.
+	evconn atomic.Pointer[net.UnixConn]
+	// closeAfterReply is a descriptor the reply being sent hands over
+	// and the session must then close (-1: none); the session's reader
+	// goroutine owns it.
+	closeAfterReply int
 
 	mu      sync.Mutex
 	dev     *Device
@@ -73,7 +81,7 @@ func (s *Server) newSessionFor(c *net.UnixConn, ns uint64) (*session, error) {
 		srv: s, conn: c, netns: ns, log: s.log,
 		pds: map[abi.Handle]*pdObj{}, mrs: map[abi.Handle]*mrObj{}, chans: map[abi.Handle]*chanObj{},
 		cqs: map[abi.Handle]*cqObj{}, qps: map[abi.Handle]*qpObj{}, srqs: map[abi.Handle]*srqObj{},
-		ahs: map[abi.Handle]*ahObj{}, ctx: ctx, cancel: cancel,
+		ahs: map[abi.Handle]*ahObj{}, ctx: ctx, cancel: cancel, closeAfterReply: -1,
 	}
 	empty := []ringWork{}
 	ss.rings.Store(&empty)
@@ -113,6 +121,10 @@ func (ss *session) run() {
 		if err == nil {
 			err = ss.send(msg, rfds...)
 		}
+		if ss.closeAfterReply >= 0 {
+			_ = syscall.Close(ss.closeAfterReply) // the client's end of the event socket, sent
+			ss.closeAfterReply = -1
+		}
 		if err != nil {
 			ss.log.Debug("reply failed", "err", err)
 			return
@@ -126,12 +138,43 @@ func (ss *session) send(msg []byte, fds ...int) error {
 	return shmem.SendMsg(ss.conn, msg, fds...)
 }
 
-// event sends an asynchronous event; a client that is gone misses it.
+// event sends an asynchronous event, on the event socket when the client
+// has one; a client that is gone misses it.
 func (ss *session) event(typ uint32, h abi.Handle) {
 	msg, err := abi.Encode(nil, abi.Header{Op: abi.OpEvent, Flags: abi.FlagEvent}, &abi.Event{Type: typ, Handle: h, Port: 1})
-	if err == nil {
-		go func() { _ = ss.send(msg) }() // never block an engine callback on the socket
+	if err != nil {
+		return
 	}
+	go func() { // never block an engine callback on the socket
+		if ev := ss.evconn.Load(); ev != nil {
+			ss.wmu.Lock()
+			defer ss.wmu.Unlock()
+			_ = shmem.SendMsg(ev, msg)
+			return
+		}
+		_ = ss.send(msg)
+	}()
+}
+
+// eventSocket makes the session's event socket (abi.OpenEventSocket) and
+// returns the client's end, which the caller sends and then closes.
+func (ss *session) eventSocket() (int, error) {
+	if ss.evconn.Load() != nil {
+		return -1, errno(syscall.EBUSY, "the event socket exists")
+	}
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_SEQPACKET|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("control: event socket: %w", err)
+	}
+	f := os.NewFile(uintptr(fds[0]), "events")
+	c, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		syscall.Close(fds[1])
+		return -1, fmt.Errorf("control: event socket: %w", err)
+	}
+	ss.evconn.Store(c.(*net.UnixConn))
+	return fds[1], nil
 }
 
 func closeFds(fds []int) {
@@ -181,7 +224,15 @@ func (ss *session) handle(op abi.Op, body []byte, fds []int) (any, []int, error)
 		if err != nil {
 			return &abi.OpenReply{Errno: abi.ErrnoOf(err)}, nil, nil
 		}
-		return rep, []int{fd}, nil
+		if r.Flags&abi.OpenEventSocket == 0 {
+			return rep, []int{fd}, nil
+		}
+		theirs, err := ss.eventSocket()
+		if err != nil {
+			return &abi.OpenReply{Errno: abi.ErrnoOf(err)}, nil, nil
+		}
+		ss.closeAfterReply = theirs
+		return rep, []int{fd, theirs}, nil
 	case abi.OpQueryPort:
 		if len(body) != 0 {
 			return nil, nil, abi.ErrLength
@@ -337,6 +388,9 @@ func (ss *session) teardown() {
 	if ss.kick != nil {
 		ss.kick.Close()
 		ss.kick = nil
+	}
+	if ev := ss.evconn.Load(); ev != nil {
+		ev.Close()
 	}
 	ss.conn.Close()
 }

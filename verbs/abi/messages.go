@@ -29,8 +29,17 @@ type ListDevicesReply struct {
 
 // OpenRequest opens a device (ibv_open_device).
 type OpenRequest struct {
-	Name Name
+	Name  Name
+	Flags uint32 // OpenEventSocket
 }
+
+// OpenEventSocket asks the appliance to send the session's events on a
+// socket of their own (SOCK_SEQPACKET, one Event message each, header
+// included), which comes with the reply as its second descriptor: a
+// client without a reader thread gives it to the application as the
+// async event fd (ibv_context.async_fd), which polls readable when an
+// event waits and at end of file when the appliance is gone.
+const OpenEventSocket = 1
 
 // DeviceAttr is struct ibv_device_attr, the fields taproce fills.
 type DeviceAttr struct {

@@ -1,0 +1,301 @@
+/* Completion channels and completion queues. A CQ is a ring the appliance
+ * fills with completions; polling reads it without a system call. A
+ * channel is an eventfd the appliance writes when a CQ armed with
+ * ibv_req_notify_cq gets a completion; ibv_get_cq_event reads it. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "taproce.h"
+
+TP_EXPORT struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *context)
+{
+	struct tp_context *c = tp_ctx(context);
+	struct taproce_handle_reply rep;
+	int fd, nfds = 1;
+	if (tp_call(c, TAPROCE_OP_CREATE_CHANNEL, NULL, 0, &rep, sizeof(rep), NULL, 0, &fd, &nfds) < 0)
+		return NULL;
+	if (tp_errno(rep.errnum)) {
+		for (int i = 0; i < nfds; i++)
+			close(fd);
+		return NULL;
+	}
+	if (nfds != 1) {
+		errno = EIO;
+		return NULL;
+	}
+	/* A channel's fd blocks, as rdma-core's: ibv_get_cq_event waits on it
+	 * unless the program made it non-blocking. The appliance's eventfd
+	 * comes non-blocking; its writes never wait either way. */
+	int fl = fcntl(fd, F_GETFL);
+	if (fl >= 0 && (fl & O_NONBLOCK))
+		fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+	struct tp_comp_channel *ch = calloc(1, sizeof(*ch));
+	if (ch == NULL) {
+		close(fd);
+		tp_destroy_handle(c, TAPROCE_OP_DESTROY_CHANNEL, rep.handle);
+		errno = ENOMEM;
+		return NULL;
+	}
+	ch->ch.context = context;
+	ch->ch.fd = fd;
+	ch->h = rep.handle;
+	pthread_mutex_init(&ch->mu, NULL);
+	return &ch->ch;
+}
+
+TP_EXPORT int ibv_destroy_comp_channel(struct ibv_comp_channel *channel)
+{
+	struct tp_comp_channel *ch = tp_container_of(channel, struct tp_comp_channel, ch);
+	pthread_mutex_lock(&ch->mu);
+	size_t n = ch->ncqs;
+	pthread_mutex_unlock(&ch->mu);
+	if (n > 0) {
+		errno = EBUSY;
+		return EBUSY;
+	}
+	int e = tp_destroy_handle(tp_ctx(channel->context), TAPROCE_OP_DESTROY_CHANNEL, ch->h);
+	if (e)
+		return e;
+	close(channel->fd);
+	pthread_mutex_destroy(&ch->mu);
+	free(ch->cqs);
+	free(ch);
+	return 0;
+}
+
+static void channel_add(struct tp_comp_channel *ch, struct tp_cq *cq)
+{
+	pthread_mutex_lock(&ch->mu);
+	if (ch->ncqs == ch->capcqs) {
+		size_t cap = ch->capcqs ? 2 * ch->capcqs : 4;
+		struct tp_cq **p = realloc(ch->cqs, cap * sizeof(*p));
+		if (p != NULL) {
+			ch->cqs = p;
+			ch->capcqs = cap;
+		}
+	}
+	if (ch->ncqs < ch->capcqs)
+		ch->cqs[ch->ncqs++] = cq;
+	pthread_mutex_unlock(&ch->mu);
+}
+
+static void channel_del(struct tp_comp_channel *ch, struct tp_cq *cq)
+{
+	pthread_mutex_lock(&ch->mu);
+	for (size_t i = 0; i < ch->ncqs; i++) {
+		if (ch->cqs[i] == cq) {
+			ch->cqs[i] = ch->cqs[--ch->ncqs];
+			break;
+		}
+	}
+	pthread_mutex_unlock(&ch->mu);
+}
+
+TP_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_context,
+				       struct ibv_comp_channel *channel, int comp_vector)
+{
+	struct tp_context *c = tp_ctx(context);
+	if (cqe <= 0 || comp_vector < 0 || comp_vector >= context->num_comp_vectors) {
+		errno = EINVAL;
+		return NULL;
+	}
+	struct tp_comp_channel *ch = channel ? tp_container_of(channel, struct tp_comp_channel, ch) : NULL;
+	struct taproce_create_cq_request req = {.depth = (uint32_t)cqe, .channel = ch ? ch->h : 0};
+	struct taproce_create_cq_reply rep;
+	int fd, nfds = 1;
+	if (tp_call(c, TAPROCE_OP_CREATE_CQ, &req, sizeof(req), &rep, sizeof(rep), NULL, 0, &fd, &nfds) < 0)
+		return NULL;
+	if (tp_errno(rep.errnum)) {
+		for (int i = 0; i < nfds; i++)
+			close(fd);
+		return NULL;
+	}
+	struct tp_cq *q = NULL;
+	uint8_t *mem = nfds == 1 ? tp_map_region(fd, rep.size) : NULL;
+	if (mem == NULL)
+		goto fail;
+	q = calloc(1, sizeof(*q));
+	if (q == NULL)
+		goto fail;
+	if (rep.size <= TAPROCE_STATE_BYTES || tp_ring_attach(&q->ring, mem + TAPROCE_STATE_BYTES, rep.size - TAPROCE_STATE_BYTES) < 0 ||
+	    q->ring.slot_size != TAPROCE_CQE_SLOT)
+		goto fail;
+	q->region = mem;
+	q->size = rep.size;
+	q->state = mem;
+	q->h = rep.handle;
+	q->ch = ch;
+	q->yield = !c->attr.polls;
+	pthread_spin_init(&q->lock, PTHREAD_PROCESS_PRIVATE);
+	q->cq.context = context;
+	q->cq.channel = channel;
+	q->cq.cq_context = cq_context;
+	q->cq.handle = rep.handle;
+	q->cq.cqe = (int)rep.depth;
+	pthread_mutex_init(&q->cq.mutex, NULL);
+	pthread_cond_init(&q->cq.cond, NULL);
+	if (ch)
+		channel_add(ch, q);
+	tp_handles_add(c, rep.handle, TP_CQ, q);
+	return &q->cq;
+fail:
+	if (mem)
+		munmap(mem, rep.size);
+	free(q);
+	tp_destroy_handle(c, TAPROCE_OP_DESTROY_CQ, rep.handle);
+	errno = EIO;
+	return NULL;
+}
+TP_DEFAULT_VERSION(ibv_create_cq, "IBVERBS_1.1");
+
+struct ibv_cq_ex *tp_create_cq_ex(struct ibv_context *context, struct ibv_cq_init_attr_ex *attr)
+{
+	(void)context, (void)attr;
+	errno = EOPNOTSUPP;
+	return NULL;
+}
+
+TP_EXPORT int ibv_resize_cq(struct ibv_cq *cq, int cqe)
+{
+	/* The ring's size is the appliance's; a request it already holds
+	 * succeeds, as a provider that rounds up does. */
+	if (cqe > 0 && cqe <= cq->cqe)
+		return 0;
+	errno = EOPNOTSUPP;
+	return EOPNOTSUPP;
+}
+TP_DEFAULT_VERSION(ibv_resize_cq, "IBVERBS_1.1");
+
+TP_EXPORT int ibv_destroy_cq(struct ibv_cq *cq)
+{
+	struct tp_cq *q = tp_container_of(cq, struct tp_cq, cq);
+	struct tp_context *c = tp_ctx(cq->context);
+	int e = tp_destroy_handle(c, TAPROCE_OP_DESTROY_CQ, q->h);
+	if (e && !atomic_load(&c->dead))
+		return e; /* EBUSY while QPs use it */
+	if (q->ch)
+		channel_del(q->ch, q);
+	tp_handles_del(c, q->h);
+	pthread_spin_lock(&q->lock);
+	q->destroyed = 1;
+	pthread_spin_unlock(&q->lock);
+	munmap(q->region, q->size);
+	pthread_spin_destroy(&q->lock);
+	pthread_mutex_destroy(&cq->mutex);
+	pthread_cond_destroy(&cq->cond);
+	free(q);
+	return 0;
+}
+TP_DEFAULT_VERSION(ibv_destroy_cq, "IBVERBS_1.1");
+
+/* tp_yield_every is how many empty polls in a row go by between two
+ * sched_yield calls: internal/spin.Spinner's number. */
+enum { tp_yield_every = 8 };
+
+int tp_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
+{
+	struct tp_cq *q = tp_container_of(cq, struct tp_cq, cq);
+	if (n <= 0)
+		return 0;
+	pthread_spin_lock(&q->lock);
+	uint64_t have = tp_ring_len(&q->ring);
+	if (have > (uint64_t)n)
+		have = (uint64_t)n;
+	for (uint64_t i = 0; i < have; i++) {
+		const uint8_t *s = tp_ring_peek_at(&q->ring, i);
+		struct ibv_wc *w = &wc[i];
+		w->wr_id = tp_get64(s + TAPROCE_CQE_WR_ID);
+		w->status = (enum ibv_wc_status)s[TAPROCE_CQE_STATUS];
+		w->opcode = (enum ibv_wc_opcode)s[TAPROCE_CQE_OPCODE];
+		w->vendor_err = tp_get32(s + TAPROCE_CQE_VENDOR_ERR);
+		w->byte_len = tp_get32(s + TAPROCE_CQE_BYTE_LEN);
+		w->imm_data = tp_get32(s + TAPROCE_CQE_IMM); /* or invalidated_rkey: the same word */
+		w->qp_num = tp_get32(s + TAPROCE_CQE_QP_NUM);
+		w->src_qp = tp_get32(s + TAPROCE_CQE_SRC_QP);
+		w->wc_flags = tp_get32(s + TAPROCE_CQE_WC_FLAGS);
+		w->pkey_index = tp_get16(s + TAPROCE_CQE_PKEY_INDEX);
+		w->slid = tp_get16(s + TAPROCE_CQE_SLID);
+		w->sl = s[TAPROCE_CQE_SL];
+		w->dlid_path_bits = s[TAPROCE_CQE_DLID_PATH_BITS];
+	}
+	tp_ring_release(&q->ring, have);
+	int yield = 0;
+	if (have > 0)
+		q->empty = 0;
+	else if (q->yield && ++q->empty % tp_yield_every == 0)
+		yield = 1;
+	pthread_spin_unlock(&q->lock);
+	/* As the Go library's busy-polling clients (internal/spin): a program
+	 * that polls without end would keep a sleeping appliance off the
+	 * processors it needs to make the completion it waits for. */
+	if (yield)
+		sched_yield();
+	return (int)have;
+}
+
+static void ring_channel(struct tp_comp_channel *ch)
+{
+	const uint64_t one = 1;
+	ssize_t n;
+	do
+		n = write(ch->ch.fd, &one, sizeof(one));
+	while (n < 0 && errno == EINTR);
+}
+
+int tp_req_notify_cq(struct ibv_cq *cq, int solicited_only)
+{
+	struct tp_cq *q = tp_container_of(cq, struct tp_cq, cq);
+	if (q->ch == NULL)
+		return EINVAL;
+	uint32_t *armed = (uint32_t *)(q->state + TAPROCE_CQ_ARMED);
+	uint32_t *fired = (uint32_t *)(q->state + TAPROCE_CQ_FIRED);
+	tp_store32(armed, solicited_only ? 2u : 1u);
+	/* A completion that came before arming would signal nothing: look. */
+	pthread_spin_lock(&q->lock);
+	uint64_t have = tp_ring_len(&q->ring);
+	pthread_spin_unlock(&q->lock);
+	if (have > 0 && tp_xchg32(armed, 0) != 0) {
+		tp_store32(fired, 1);
+		ring_channel(q->ch);
+	}
+	return 0;
+}
+
+TP_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq, void **cq_context)
+{
+	struct tp_comp_channel *ch = tp_container_of(channel, struct tp_comp_channel, ch);
+	for (;;) {
+		pthread_mutex_lock(&ch->mu);
+		for (size_t i = 0; i < ch->ncqs; i++) {
+			struct tp_cq *q = ch->cqs[i];
+			if (tp_xchg32((uint32_t *)(q->state + TAPROCE_CQ_FIRED), 0) != 0) {
+				pthread_mutex_unlock(&ch->mu);
+				*cq = &q->cq;
+				*cq_context = q->cq.cq_context;
+				return 0;
+			}
+		}
+		pthread_mutex_unlock(&ch->mu);
+		uint64_t v;
+		ssize_t n = read(channel->fd, &v, sizeof(v));
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n != sizeof(v))
+			return -1; /* EAGAIN on a non-blocking channel, as rdma-core */
+	}
+}
+TP_DEFAULT_VERSION(ibv_get_cq_event, "IBVERBS_1.1");
+
+TP_EXPORT void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
+{
+	pthread_mutex_lock(&cq->mutex);
+	cq->comp_events_completed += nevents;
+	pthread_cond_signal(&cq->cond);
+	pthread_mutex_unlock(&cq->mutex);
+}
+TP_DEFAULT_VERSION(ibv_ack_cq_events, "IBVERBS_1.1");

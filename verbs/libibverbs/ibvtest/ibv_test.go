@@ -1,0 +1,271 @@
+package ibvtest
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/taproce/taproce/appliance/appliancetest"
+)
+
+const timeout = 60 * time.Second
+
+// freePort returns a TCP port nobody listens on now.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// TestSymbols: the library exports what rdma-core 44's libibverbs.so.1
+// exports, each symbol with its version (symbols.txt), and the
+// installed one agrees with that list.
+func TestSymbols(t *testing.T) {
+	l := Need(t, false)
+	if _, err := exec.LookPath("objdump"); err != nil {
+		t.Skip("no objdump")
+	}
+	syms := func(path string) []string {
+		out, err := exec.Command("objdump", "-T", path).Output()
+		if err != nil {
+			t.Fatalf("objdump %s: %v", path, err)
+		}
+		var s []string
+		for _, line := range strings.Split(string(out), "\n") {
+			f := strings.Fields(line)
+			if len(f) < 2 || strings.Contains(line, "*UND*") || !strings.Contains(f[len(f)-2], "IBVERBS") {
+				continue
+			}
+			s = append(s, f[len(f)-2]+" "+f[len(f)-1])
+		}
+		sort.Strings(s)
+		return s
+	}
+	ours := syms(l.Dir + "/libibverbs.so.1")
+	want := strings.Fields(readFile(t, srcDir()+"/symbols.txt"))
+	var pairs []string
+	for i := 0; i+1 < len(want); i += 2 {
+		pairs = append(pairs, want[i]+" "+want[i+1])
+	}
+	sort.Strings(pairs)
+	if strings.Join(ours, "\n") != strings.Join(pairs, "\n") {
+		t.Errorf("exported symbols differ from symbols.txt:\n%s", diff(pairs, ours))
+	}
+	for _, sys := range []string{"/usr/lib/x86_64-linux-gnu/libibverbs.so.1", "/usr/lib/aarch64-linux-gnu/libibverbs.so.1"} {
+		if _, err := os.Stat(sys); err != nil {
+			continue
+		}
+		if got := syms(sys); strings.Join(got, "\n") != strings.Join(pairs, "\n") {
+			t.Errorf("%s exports other symbols than symbols.txt:\n%s", sys, diff(pairs, got))
+		}
+	}
+}
+
+func diff(want, got []string) string {
+	w, g := map[string]bool{}, map[string]bool{}
+	for _, s := range want {
+		w[s] = true
+	}
+	for _, s := range got {
+		g[s] = true
+	}
+	var b strings.Builder
+	for _, s := range want {
+		if !g[s] {
+			fmt.Fprintf(&b, "  missing %s\n", s)
+		}
+	}
+	for _, s := range got {
+		if !w[s] {
+			fmt.Fprintf(&b, "  extra %s\n", s)
+		}
+	}
+	return b.String()
+}
+
+// TestNoAppliance: with no appliance the device list fails as rdma-core's
+// does on a machine without kernel RDMA (ENOSYS), at once.
+func TestNoAppliance(t *testing.T) {
+	l := Need(t, false)
+	env := append(l.Env(t.TempDir()+"/nothing.sock"), "TAPROCE_QUIET=1")
+	out, err := Run(t, env, timeout, "ibv_devices")
+	if err == nil || !strings.Contains(out, "Failed to get IB devices list: Function not implemented") {
+		t.Fatalf("ibv_devices without an appliance: %v\n%s", err, out)
+	}
+}
+
+// TestDevices: ibv_devices lists the appliance's devices with their node
+// GUIDs, and ibv_devinfo -v reports them as rxe reports its own: RoCE v2
+// GIDs, max_mtu 4096 and the link's active MTU.
+func TestDevices(t *testing.T) {
+	l := Need(t, false)
+	r := appliancetest.New(t, appliancetest.Options{Namespace: "ibv"})
+	env := l.Env(r.Socket)
+	out, err := Run(t, env, timeout, "ibv_devices")
+	if err != nil {
+		t.Fatalf("ibv_devices: %v\n%s", err, out)
+	}
+	for _, n := range r.NICs {
+		m := n.Port().MAC()
+		guid := fmt.Sprintf("%02x%02x%02xfffe%02x%02x%02x", m[0]^2, m[1], m[2], m[3], m[4], m[5])
+		if !strings.Contains(out, n.Name()) || !strings.Contains(out, guid) {
+			t.Errorf("ibv_devices does not list %s with GUID %s:\n%s", n.Name(), guid, out)
+		}
+	}
+	out, err = Run(t, env, timeout, "ibv_devinfo", "-v", "-d", "taproce0")
+	if err != nil {
+		t.Fatalf("ibv_devinfo: %v\n%s", err, out)
+	}
+	for _, want := range []string{"hca_id:\ttaproce0", "transport:\t\t\tInfiniBand (0)", "state:\t\t\tPORT_ACTIVE (4)",
+		"max_mtu:\t\t4096 (5)", "active_mtu:\t\t1024 (3)", "link_layer:\t\tEthernet",
+		"GID[  0]:\t\tfe80::", "GID[  1]:\t\t::ffff:10.77.0.1, RoCE v2"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("ibv_devinfo -v lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestPingpong runs rdma-core's pingpong examples, unmodified, between
+// the appliance's two devices: each checks what it received (-c where it
+// has it) and reports its own verdict.
+func TestPingpong(t *testing.T) {
+	l := Need(t, false)
+	r := appliancetest.New(t, appliancetest.Options{Namespace: "ibv"})
+	env := l.Env(r.Socket)
+	for _, c := range []struct {
+		tool string
+		args []string
+	}{
+		{"ibv_rc_pingpong", []string{"-n", "200", "-c"}},
+		{"ibv_rc_pingpong", []string{"-n", "50", "-s", "65536", "-c"}},
+		{"ibv_rc_pingpong", []string{"-n", "100", "-e", "-c"}},
+		{"ibv_uc_pingpong", []string{"-n", "100", "-c"}},
+		{"ibv_ud_pingpong", []string{"-n", "100", "-s", "1024", "-c"}},
+		{"ibv_srq_pingpong", []string{"-n", "100", "-q", "4", "-c"}},
+	} {
+		t.Run(c.tool+strings.Join(c.args, ""), func(t *testing.T) {
+			port := fmt.Sprint(freePort(t))
+			args := append([]string{"-g", "1", "-p", port}, c.args...)
+			srv := Start(t, env, timeout, c.tool, append([]string{"-d", "taproce0"}, args...)...)
+			WaitListen(t, srv, atoi(port), timeout)
+			cli := Start(t, env, timeout, c.tool, append(append([]string{"-d", "taproce1"}, args...), "127.0.0.1")...)
+			cerr, serr := cli.Wait(), srv.Wait()
+			if cerr != nil || serr != nil {
+				t.Fatalf("client: %v\n%s\nserver: %v\n%s", cerr, cli.Out.String(), serr, srv.Out.String())
+			}
+			for _, out := range []string{cli.Out.String(), srv.Out.String()} {
+				if !strings.Contains(out, "iters in") {
+					t.Errorf("no result:\n%s", out)
+				}
+			}
+		})
+	}
+}
+
+func atoi(s string) int {
+	var n int
+	fmt.Sscan(s, &n)
+	return n
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := exec.Command("cat", path).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestPerftest runs every perftest 4.5 tool, unmodified — Debian's
+// binaries, which link libmlx5 and libefa too — between the appliance's
+// two devices; each reports its results table.
+func TestPerftest(t *testing.T) {
+	l := Need(t, false)
+	r := appliancetest.New(t, appliancetest.Options{Namespace: "ibv"})
+	env := l.Env(r.Socket)
+	for _, c := range []struct {
+		tool string
+		args []string
+	}{
+		{"ib_write_bw", []string{"-s", "65536", "-n", "200"}},
+		{"ib_write_bw", []string{"-a", "-n", "20"}},
+		{"ib_write_bw", []string{"-q", "4", "-s", "4096", "-n", "100"}},
+		{"ib_write_bw", []string{"-b", "-s", "4096", "-n", "100"}},
+		{"ib_write_bw", []string{"-D", "1", "-s", "4096"}},
+		{"ib_write_bw", []string{"-c", "UC", "-s", "4096", "-n", "100"}},
+		{"ib_read_bw", []string{"-s", "65536", "-n", "200"}},
+		{"ib_read_bw", []string{"-q", "4", "-s", "4096", "-n", "100"}},
+		{"ib_send_bw", []string{"-s", "65536", "-n", "200"}},
+		{"ib_send_bw", []string{"-c", "UD", "-s", "1024", "-n", "200"}},
+		{"ib_send_bw", []string{"-c", "UC", "-s", "4096", "-n", "100"}},
+		{"ib_atomic_bw", []string{"-A", "CMP_AND_SWAP", "-n", "200"}},
+		{"ib_atomic_bw", []string{"-A", "FETCH_AND_ADD", "-n", "200"}},
+		{"ib_write_lat", []string{"-s", "2", "-n", "500"}},
+		{"ib_write_lat", []string{"-a", "-n", "20"}},
+		{"ib_read_lat", []string{"-s", "2", "-n", "500"}},
+		{"ib_send_lat", []string{"-s", "2", "-n", "500"}},
+		{"ib_send_lat", []string{"-c", "UD", "-s", "2", "-n", "500"}},
+		{"ib_atomic_lat", []string{"-A", "FETCH_AND_ADD", "-n", "200"}},
+	} {
+		t.Run(c.tool+strings.Join(c.args, ""), func(t *testing.T) {
+			port := freePort(t)
+			args := append([]string{"-x", "1", "-F", "-p", fmt.Sprint(port)}, c.args...)
+			srv := Start(t, env, timeout, c.tool, append([]string{"-d", "taproce0"}, args...)...)
+			WaitListen(t, srv, port, timeout)
+			cli := Start(t, env, timeout, c.tool, append(append([]string{"-d", "taproce1"}, args...), "127.0.0.1")...)
+			cerr, serr := cli.Wait(), srv.Wait()
+			if cerr != nil || serr != nil {
+				t.Fatalf("client: %v\n%s\nserver: %v\n%s", cerr, cli.Out.String(), serr, srv.Out.String())
+			}
+			if !strings.Contains(cli.Out.String(), "#bytes") {
+				t.Errorf("no results table:\n%s", cli.Out.String())
+			}
+		})
+	}
+}
+
+// TestSanitized runs the pingpong tools and two perftest tools on the
+// library built with AddressSanitizer and UndefinedBehaviorSanitizer: a
+// bad access or undefined behaviour in it ends the program with a report.
+func TestSanitized(t *testing.T) {
+	l := Need(t, true)
+	r := appliancetest.New(t, appliancetest.Options{Namespace: "ibv"})
+	env := l.Env(r.Socket)
+	for _, c := range []struct {
+		tool string
+		args []string
+	}{
+		{"ibv_rc_pingpong", []string{"-g", "1", "-n", "100", "-e", "-c"}},
+		{"ibv_ud_pingpong", []string{"-g", "1", "-n", "100", "-c"}},
+		{"ibv_srq_pingpong", []string{"-g", "1", "-n", "50", "-c"}},
+		{"ib_write_bw", []string{"-x", "1", "-F", "-s", "65536", "-n", "100"}},
+		{"ib_send_lat", []string{"-x", "1", "-F", "-s", "2", "-n", "200"}},
+	} {
+		t.Run(c.tool, func(t *testing.T) {
+			port := freePort(t)
+			args := append([]string{"-p", fmt.Sprint(port)}, c.args...)
+			srv := Start(t, env, timeout, c.tool, append([]string{"-d", "taproce0"}, args...)...)
+			WaitListen(t, srv, port, timeout)
+			cli := Start(t, env, timeout, c.tool, append(append([]string{"-d", "taproce1"}, args...), "127.0.0.1")...)
+			cerr, serr := cli.Wait(), srv.Wait()
+			for _, p := range []*Program{cli, srv} {
+				if strings.Contains(p.Out.String(), "Sanitizer") || strings.Contains(p.Out.String(), "runtime error") {
+					t.Errorf("a sanitizer reported:\n%s", p.Out.String())
+				}
+			}
+			if cerr != nil || serr != nil {
+				t.Fatalf("client: %v\n%s\nserver: %v\n%s", cerr, cli.Out.String(), serr, srv.Out.String())
+			}
+		})
+	}
+}
