@@ -231,8 +231,9 @@ var statusNames = [...]string{
 	"local protection error", "Work Request Flushed Error", "memory management operation error",
 	"bad response error", "local access error", "remote invalid request error", "remote access error",
 	"remote operation error", "transport retry counter exceeded", "RNR retry counter exceeded",
-	"local RDD violation error", "remote invalid RD request", "operation aborted", "invalid EE context number",
-	"invalid EE context state", "fatal error", "response timeout error", "general error",
+	"local RDD violation error", "remote invalid RD request", "aborted error", "invalid EE context number",
+	"invalid EE context state", "fatal error", "response timeout error", "general error", "TM error",
+	"TM software rendezvous",
 }
 
 // String gives the text of ibv_wc_status_str.
