@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -272,5 +273,148 @@ func TestRegionClose(t *testing.T) {
 	}
 	if r.Bytes() != nil || r.Fd() != -1 {
 		t.Fatal("closed region still exposes memory or descriptor")
+	}
+}
+
+// sealedMemfd makes a memfd of n pages sealed against shrinking whose
+// bytes are fill(i) at offset i.
+func sealedMemfd(t *testing.T, n int, fill func(int) byte) int {
+	t.Helper()
+	ps := os.Getpagesize()
+	fd, err := unix.MemfdCreate("seg", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, n*ps)
+	for i := range b {
+		b[i] = fill(i)
+	}
+	if _, err := unix.Pwrite(fd, b, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK); err != nil {
+		t.Fatal(err)
+	}
+	return fd
+}
+
+// TestMapSegments: pieces of several memfds appear end to end, in order,
+// sharing their pages with the memfds; bad pieces are refused with the
+// descriptors left to the caller; Close closes them all.
+func TestMapSegments(t *testing.T) {
+	checkNoFdLeak(t)
+	ps := os.Getpagesize()
+	a := sealedMemfd(t, 3, func(i int) byte { return byte(i / ps) })    // pages 0 1 2
+	b := sealedMemfd(t, 2, func(i int) byte { return byte(10 + i/ps) }) // pages 10 11
+	c := sealedMemfd(t, 1, func(i int) byte { return 20 })              // page 20
+	r, err := MapSegments([]Segment{{a, ps, 2 * ps, 3 * ps}, {b, 0, ps, 2 * ps}, {c, 0, ps, ps}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := r.Bytes()
+	if len(mem) != 4*ps || r.Size() != 4*ps || r.Fd() != a {
+		t.Fatalf("%d bytes, size %d, fd %d", len(mem), r.Size(), r.Fd())
+	}
+	for i, want := range []byte{1, 2, 10, 20} {
+		if mem[i*ps] != want || mem[i*ps+ps-1] != want {
+			t.Errorf("page %d holds %d, want %d", i, mem[i*ps], want)
+		}
+	}
+	// Shared both ways with the memfds.
+	mem[2*ps+5] = 99
+	got := make([]byte, 1)
+	if _, err := unix.Pread(b, got, 5); err != nil || got[0] != 99 {
+		t.Errorf("memfd b at 5: %v %v, want 99", got, err)
+	}
+	if _, err := unix.Pwrite(a, []byte{77}, int64(2*ps)); err != nil || mem[ps] != 77 {
+		t.Errorf("mapping at page 1: %d %v, want 77", mem[ps], err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, fd := range []int{a, b, c} {
+		if fdOpen(fd) {
+			t.Errorf("fd %d open after Close", fd)
+		}
+	}
+
+	for _, tc := range []struct {
+		name string
+		segs func(fd int) []Segment
+		want error
+	}{
+		{"none", func(int) []Segment { return nil }, ErrSize},
+		{"unaligned offset", func(fd int) []Segment { return []Segment{{fd, 1, ps, 2 * ps}} }, ErrSize},
+		{"unaligned length", func(fd int) []Segment { return []Segment{{fd, 0, ps + 1, 2 * ps}} }, ErrSize},
+		{"empty", func(fd int) []Segment { return []Segment{{fd, 0, 0, 2 * ps}} }, ErrSize},
+		{"beyond the file", func(fd int) []Segment { return []Segment{{fd, ps, 2 * ps, 2 * ps}} }, ErrSize},
+		{"wrong size", func(fd int) []Segment { return []Segment{{fd, 0, ps, 3 * ps}} }, ErrSize},
+		{"negative offset", func(fd int) []Segment { return []Segment{{fd, -ps, ps, 2 * ps}} }, ErrSize},
+		{"second bad", func(fd int) []Segment { return []Segment{{fd, 0, ps, 2 * ps}, {-1, 0, ps, ps}} }, unix.EBADF},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fd := sealedMemfd(t, 2, func(int) byte { return 0 })
+			defer unix.Close(fd)
+			if _, err := MapSegments(tc.segs(fd)); !errors.Is(err, tc.want) {
+				t.Errorf("err = %v, want %v", err, tc.want)
+			}
+			if !fdOpen(fd) {
+				t.Fatal("MapSegments closed a descriptor on error")
+			}
+		})
+	}
+}
+
+// TestMapSegmentsHugePages: a memfd of huge pages maps where whole huge
+// pages lie — first, or after segments of whole huge pages — and is
+// refused after a piece of base pages that would leave it misaligned.
+func TestMapSegmentsHugePages(t *testing.T) {
+	checkNoFdLeak(t)
+	const huge = 2 << 20
+	hfd, err := unix.MemfdCreate("huge", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_HUGETLB)
+	if err == nil {
+		err = unix.Ftruncate(hfd, huge)
+	}
+	if err == nil { // a huge page to map, or ENOMEM
+		var p unsafe.Pointer
+		if p, err = unix.MmapPtr(hfd, 0, nil, huge, unix.PROT_READ, unix.MAP_SHARED); err == nil {
+			_ = unix.MunmapPtr(p, huge)
+		}
+	}
+	if err != nil {
+		if hfd > 0 {
+			unix.Close(hfd)
+		}
+		t.Skipf("no huge pages here (%v): as root, echo 8 > /proc/sys/vm/nr_hugepages", err)
+	}
+	defer unix.Close(hfd)
+	if _, err := unix.FcntlInt(uintptr(hfd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK); err != nil {
+		t.Fatal(err)
+	}
+	ps := os.Getpagesize()
+	fd := sealedMemfd(t, 1, func(int) byte { return 3 })
+	defer unix.Close(fd)
+	if _, err := MapSegments([]Segment{{fd, 0, ps, ps}, {hfd, 0, huge, huge}}); !errors.Is(err, ErrSize) {
+		t.Errorf("huge pages after a base page: %v, want ErrSize", err)
+	}
+	if _, err := MapSegments([]Segment{{hfd, 0, ps, huge}}); !errors.Is(err, ErrSize) {
+		t.Errorf("part of a huge page: %v, want ErrSize", err)
+	}
+	hd, d := dupFd(t, hfd), dupFd(t, fd)
+	r, err := MapSegments([]Segment{{hd, 0, huge, huge}, {d, 0, ps, ps}})
+	if err != nil {
+		unix.Close(hd)
+		unix.Close(d)
+		t.Fatal(err)
+	}
+	defer r.Close()
+	mem := r.Bytes()
+	if uintptr(unsafe.Pointer(&mem[0]))%huge != 0 || len(mem) != huge+ps || mem[huge] != 3 {
+		t.Fatalf("at %p, %d bytes, %d after the huge page", &mem[0], len(mem), mem[huge])
+	}
+	mem[5] = 9
+	got := make([]byte, 1)
+	if _, err := unix.Pread(hfd, got, 5); err != nil || got[0] != 9 {
+		t.Errorf("huge memfd at 5: %v %v, want 9", got, err)
 	}
 }

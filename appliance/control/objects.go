@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/bits"
@@ -203,36 +204,82 @@ func (ss *session) allocPD() (abi.Handle, error) {
 }
 
 func (ss *session) regMR(r *abi.RegMRRequest, fd int) (*abi.RegMRReply, error) {
+	if r.Length == 0 || r.Size > 1<<40 || r.Offset > r.Size || r.Length > r.Size-r.Offset {
+		return nil, errno(syscall.EINVAL, "region of %d bytes at %d in %d", r.Length, r.Offset, r.Size)
+	}
+	return ss.register(r.PD, r.Access, r.Addr, r.Length, func() (*shmem.Region, []byte, error) {
+		region, err := shmem.MapRegion(fd, int(r.Size))
+		if err != nil {
+			return nil, nil, err
+		}
+		return region, region.Bytes()[r.Offset : r.Offset+r.Length : r.Offset+r.Length], nil
+	})
+}
+
+// errFdsTaken marks a failed registration whose descriptors are closed.
+var errFdsTaken = errors.New("descriptors closed")
+
+// regMRSegments registers a region whose pages lie on several memfds
+// (abi.RegMRSegmentsRequest), mapped end to end.
+func (ss *session) regMRSegments(r *abi.RegMRSegmentsRequest, fds []int) (*abi.RegMRReply, error) {
+	segs := make([]shmem.Segment, r.NumSegments)
+	var total uint64
+	for i := range segs {
+		sg := r.Segments[i]
+		if sg.Size > 1<<40 || sg.Length > 1<<40 || sg.Offset > 1<<40 {
+			return nil, errno(syscall.EINVAL, "segment %d: %d bytes at %d of %d", i, sg.Length, sg.Offset, sg.Size)
+		}
+		segs[i] = shmem.Segment{Fd: fds[i], Offset: int(sg.Offset), Length: int(sg.Length), Size: int(sg.Size)}
+		total += sg.Length
+	}
+	// The segments hold the region and no whole segment more.
+	first, last := r.Segments[0].Length, r.Segments[r.NumSegments-1].Length
+	if r.Length == 0 || r.Length > 1<<40 || r.Addr > ^uint64(0)-r.Length || r.Lead >= first ||
+		r.Lead+r.Length > total || total-last >= r.Lead+r.Length {
+		return nil, errno(syscall.EINVAL, "region of %d bytes at %#x, %d bytes into %d bytes of segments", r.Length, r.Addr, r.Lead, total)
+	}
+	return ss.register(r.PD, r.Access, r.Addr, r.Length, func() (*shmem.Region, []byte, error) {
+		region, err := shmem.MapSegments(segs)
+		if err != nil {
+			return nil, nil, err
+		}
+		return region, region.Bytes()[r.Lead : r.Lead+r.Length : r.Lead+r.Length], nil
+	})
+}
+
+// register checks a registration against the PD and the limits, maps its
+// memory with mapMem and registers it. On an error other than errFdsTaken
+// the descriptors mapMem would have taken are still the caller's.
+func (ss *session) register(pdh abi.Handle, access uint32, addr, length uint64, mapMem func() (*shmem.Region, []byte, error)) (*abi.RegMRReply, error) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	pd := ss.pds[r.PD]
+	pd := ss.pds[pdh]
 	lim := ss.srv.cfg.Limits
 	switch {
 	case pd == nil:
-		return nil, errno(syscall.EINVAL, "no PD %d", r.PD)
+		return nil, errno(syscall.EINVAL, "no PD %d", pdh)
 	case len(ss.mrs) >= lim.MRs:
 		return nil, errno(syscall.ENOMEM, "MR limit %d", lim.MRs)
-	case r.Length == 0 || r.Size > 1<<40 || r.Offset > r.Size || r.Length > r.Size-r.Offset:
-		return nil, errno(syscall.EINVAL, "region of %d bytes at %d in %d", r.Length, r.Offset, r.Size)
-	case ss.mrBytes+int64(r.Length) > lim.MRBytes:
+	case ss.mrBytes+int64(length) > lim.MRBytes:
 		return nil, errno(syscall.ENOMEM, "MR bytes limit %d", lim.MRBytes)
-	case r.Access&^0xF != 0 || r.Access&(2|8) != 0 && r.Access&1 == 0:
+	case access&^0xF != 0 || access&(2|8) != 0 && access&1 == 0:
 		// IBA 10.6.3.1: remote write or atomic needs local write.
-		return nil, errno(syscall.EINVAL, "access flags %#x", r.Access)
+		return nil, errno(syscall.EINVAL, "access flags %#x", access)
 	}
-	region, err := shmem.MapRegion(fd, int(r.Size))
+	region, buf, err := mapMem()
 	if err != nil {
 		return nil, errno(syscall.EINVAL, "%v", err)
 	}
-	buf := region.Bytes()[r.Offset : r.Offset+r.Length : r.Offset+r.Length]
-	mr, err := ss.dev.Engine.Memory().Register(pd.pd, r.Addr, buf, abi.Access(r.Access))
+	mr, err := ss.dev.Engine.Memory().Register(pd.pd, addr, buf, abi.Access(access))
 	if err != nil {
+		// The region closes the descriptors it took: errFdsTaken tells
+		// the caller not to close them again.
 		region.Close()
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", errFdsTaken, err)
 	}
 	h := ss.newHandle()
-	ss.mrs[h] = &mrObj{pd: pd, mr: mr, region: region, length: int64(r.Length)}
-	ss.mrBytes += int64(r.Length)
+	ss.mrs[h] = &mrObj{pd: pd, mr: mr, region: region, length: int64(length)}
+	ss.mrBytes += int64(length)
 	return &abi.RegMRReply{Handle: h, LKey: mr.LKey, RKey: mr.RKey}, nil
 }
 

@@ -98,7 +98,7 @@ func (ss *session) run() {
 	defer ss.teardown()
 	buf := make([]byte, abi.MaxMessage)
 	for {
-		n, fds, err := shmem.RecvMsg(ss.conn, buf, 4)
+		n, fds, err := shmem.RecvMsg(ss.conn, buf, abi.MaxMRSegments)
 		if err != nil {
 			if !errors.Is(err, net.ErrClosed) {
 				ss.log.Debug("client gone", "err", err)
@@ -196,8 +196,12 @@ func (ss *session) handle(op abi.Op, body []byte, fds []int) (any, []int, error)
 	if op == abi.OpEvent {
 		return nil, nil, fmt.Errorf("%w: events go to clients, not from them", abi.ErrOp)
 	}
-	needFd := op == abi.OpRegMR
-	if needFd != (len(fds) == 1) {
+	switch {
+	case op == abi.OpRegMRSegments:
+		if len(fds) == 0 || len(fds) > abi.MaxMRSegments {
+			return nil, nil, fmt.Errorf("%v with %d descriptors", op, len(fds))
+		}
+	case (op == abi.OpRegMR) != (len(fds) == 1):
 		return nil, nil, fmt.Errorf("%v with %d descriptors", op, len(fds))
 	}
 	decode := func(v any) error { return abi.DecodeBody(body, v) }
@@ -251,7 +255,25 @@ func (ss *session) handle(op abi.Op, body []byte, fds []int) (any, []int, error)
 		}
 		rep, err := ss.regMR(&r, fds[0])
 		if err != nil {
-			_ = syscall.Close(fds[0])
+			if !errors.Is(err, errFdsTaken) {
+				_ = syscall.Close(fds[0])
+			}
+			return &abi.RegMRReply{Errno: abi.ErrnoOf(err)}, nil, nil
+		}
+		return rep, nil, nil
+	case abi.OpRegMRSegments:
+		var r abi.RegMRSegmentsRequest
+		if err := decode(&r); err != nil {
+			return nil, nil, err
+		}
+		if int(r.NumSegments) != len(fds) {
+			return nil, nil, fmt.Errorf("%v of %d segments with %d descriptors", op, r.NumSegments, len(fds))
+		}
+		rep, err := ss.regMRSegments(&r, fds)
+		if err != nil {
+			if !errors.Is(err, errFdsTaken) {
+				closeFds(fds)
+			}
 			return &abi.RegMRReply{Errno: abi.ErrnoOf(err)}, nil, nil
 		}
 		return rep, nil, nil

@@ -77,12 +77,13 @@ const (
 	OpCreateAH
 	OpDestroyAH
 	OpEvent
+	OpRegMRSegments
 	opMax
 )
 
 var opNames = [...]string{"", "list-devices", "open", "query-port", "alloc-pd", "dealloc-pd", "reg-mr",
 	"dereg-mr", "create-channel", "destroy-channel", "create-cq", "destroy-cq", "create-qp", "modify-qp",
-	"query-qp", "destroy-qp", "create-srq", "modify-srq", "destroy-srq", "create-ah", "destroy-ah", "event"}
+	"query-qp", "destroy-qp", "create-srq", "modify-srq", "destroy-srq", "create-ah", "destroy-ah", "event", "reg-mr-segments"}
 
 func (o Op) String() string {
 	if o < opMax {

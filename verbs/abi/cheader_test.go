@@ -27,7 +27,7 @@ const cHeaderPath = "../libibverbs/abi.h"
 // (a structure before the ones that contain it).
 var cStructs = []any{
 	Header{}, Device{}, ListDevicesReply{}, OpenRequest{}, DeviceAttr{}, PortAttr{}, OpenReply{},
-	QueryPortReply{}, HandleRequest{}, ErrnoReply{}, HandleReply{}, RegMRRequest{}, RegMRReply{},
+	QueryPortReply{}, HandleRequest{}, ErrnoReply{}, HandleReply{}, RegMRRequest{}, MRSegment{}, RegMRSegmentsRequest{}, RegMRReply{},
 	CreateCQRequest{}, CreateCQReply{}, QPCaps{}, CreateQPRequest{}, CreateQPReply{}, QPAttr{},
 	ModifyQPRequest{}, QueryQPReply{}, CreateSRQRequest{}, CreateSRQReply{}, ModifySRQRequest{},
 	CreateAHRequest{}, Event{},
@@ -72,7 +72,7 @@ func cConsts() [][]cConst {
 		{"WC_GENERAL_ERR", WCGeneralErr}}
 	return [][]cConst{
 		{{"ABI_MAGIC", Magic}, {"ABI_VERSION", Version}, {"HEADER_LEN", HeaderLen}, {"MAX_MESSAGE", MaxMessage},
-			{"MAX_DEVICES", MaxDevices}, {"MAX_GIDS", MaxGIDs}, {"FLAG_REPLY", FlagReply}, {"FLAG_EVENT", FlagEvent},
+			{"MAX_DEVICES", MaxDevices}, {"MAX_MR_SEGMENTS", MaxMRSegments}, {"MAX_GIDS", MaxGIDs}, {"FLAG_REPLY", FlagReply}, {"FLAG_EVENT", FlagEvent},
 			{"DEFAULT_SOCKET", DefaultSocket}, {"SOCKET_ENV", SocketEnv}},
 		ops,
 		{{"STATE_BYTES", StateBytes}, {"SEND_SLOT", SendSlot}, {"RECV_SLOT", RecvSlot}, {"CQE_SLOT", CQESlot},

@@ -145,7 +145,37 @@ type RegMRRequest struct {
 	Size   uint64 // the memfd's size
 }
 
-// RegMRReply answers OpRegMR.
+// MaxMRSegments bounds the pieces of one OpRegMRSegments request.
+const MaxMRSegments = 32
+
+// MRSegment is one piece of a region registered with OpRegMRSegments:
+// Length bytes at Offset of a memfd of Size bytes, which comes with the
+// message in the segment's place. Offset and Length are whole pages.
+type MRSegment struct {
+	Offset uint64
+	Length uint64
+	Size   uint64
+}
+
+// RegMRSegmentsRequest registers memory the client shares whose pages lie
+// on several memfds (ibv_reg_mr of a client that moves only the pages it
+// registers onto memfds, so that a region may meet pages an earlier one
+// moved): the segments, one descriptor each in order, laid end to end
+// make pages that hold the region from Lead bytes into the first. (Lead
+// is more than Addr's offset in its page where the first segment starts
+// at a huge page below it.)
+type RegMRSegmentsRequest struct {
+	PD          Handle
+	Access      uint32 // enum ibv_access_flags
+	Addr        uint64 // the client's virtual address: SGEs and RDMA use it
+	Length      uint64
+	Lead        uint64
+	NumSegments uint32
+	_           uint32
+	Segments    [MaxMRSegments]MRSegment
+}
+
+// RegMRReply answers OpRegMR and OpRegMRSegments.
 type RegMRReply struct {
 	Errno  Errno
 	Handle Handle

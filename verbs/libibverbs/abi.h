@@ -11,6 +11,7 @@
 #define TAPROCE_HEADER_LEN 16
 #define TAPROCE_MAX_MESSAGE 65536
 #define TAPROCE_MAX_DEVICES 64
+#define TAPROCE_MAX_MR_SEGMENTS 32
 #define TAPROCE_MAX_GIDS 16
 #define TAPROCE_FLAG_REPLY 1
 #define TAPROCE_FLAG_EVENT 2
@@ -38,6 +39,7 @@
 #define TAPROCE_OP_CREATE_AH 19
 #define TAPROCE_OP_DESTROY_AH 20
 #define TAPROCE_OP_EVENT 21
+#define TAPROCE_OP_REG_MR_SEGMENTS 22
 
 #define TAPROCE_STATE_BYTES 64
 #define TAPROCE_SEND_SLOT 512
@@ -409,6 +411,35 @@ _Static_assert(offsetof(struct taproce_reg_mr_request, addr) == 8, "RegMRRequest
 _Static_assert(offsetof(struct taproce_reg_mr_request, length) == 16, "RegMRRequest.Length");
 _Static_assert(offsetof(struct taproce_reg_mr_request, offset) == 24, "RegMRRequest.Offset");
 _Static_assert(offsetof(struct taproce_reg_mr_request, size) == 32, "RegMRRequest.Size");
+
+struct taproce_mr_segment {
+	uint64_t offset;
+	uint64_t length;
+	uint64_t size;
+} __attribute__((packed));
+_Static_assert(sizeof(struct taproce_mr_segment) == 24, "MRSegment");
+_Static_assert(offsetof(struct taproce_mr_segment, offset) == 0, "MRSegment.Offset");
+_Static_assert(offsetof(struct taproce_mr_segment, length) == 8, "MRSegment.Length");
+_Static_assert(offsetof(struct taproce_mr_segment, size) == 16, "MRSegment.Size");
+
+struct taproce_reg_mr_segments_request {
+	uint32_t pd;
+	uint32_t access;
+	uint64_t addr;
+	uint64_t length;
+	uint64_t lead;
+	uint32_t num_segments;
+	uint32_t _pad0;
+	struct taproce_mr_segment segments[32];
+} __attribute__((packed));
+_Static_assert(sizeof(struct taproce_reg_mr_segments_request) == 808, "RegMRSegmentsRequest");
+_Static_assert(offsetof(struct taproce_reg_mr_segments_request, pd) == 0, "RegMRSegmentsRequest.PD");
+_Static_assert(offsetof(struct taproce_reg_mr_segments_request, access) == 4, "RegMRSegmentsRequest.Access");
+_Static_assert(offsetof(struct taproce_reg_mr_segments_request, addr) == 8, "RegMRSegmentsRequest.Addr");
+_Static_assert(offsetof(struct taproce_reg_mr_segments_request, length) == 16, "RegMRSegmentsRequest.Length");
+_Static_assert(offsetof(struct taproce_reg_mr_segments_request, lead) == 24, "RegMRSegmentsRequest.Lead");
+_Static_assert(offsetof(struct taproce_reg_mr_segments_request, num_segments) == 32, "RegMRSegmentsRequest.NumSegments");
+_Static_assert(offsetof(struct taproce_reg_mr_segments_request, segments) == 40, "RegMRSegmentsRequest.Segments");
 
 struct taproce_reg_mr_reply {
 	int32_t errnum;

@@ -12,7 +12,7 @@
 
 #include "taproce.h"
 
-#define TP_MAX_FDS 8
+#define TP_MAX_FDS TAPROCE_MAX_MR_SEGMENTS
 
 int tp_connect(void)
 {

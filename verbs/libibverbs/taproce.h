@@ -79,6 +79,8 @@ struct tp_pd {
 struct tp_mr {
 	struct ibv_mr mr;
 	uint32_t h;
+	uintptr_t start, end; /* the pages the appliance maps */
+	struct tp_mr *next;   /* in mr.c's list of live regions */
 };
 
 struct tp_comp_channel {
@@ -169,8 +171,5 @@ int tp_query_device_ex(struct ibv_context *c, const struct ibv_query_device_ex_i
 		       size_t len);
 struct ibv_qp *tp_create_qp_ex(struct ibv_context *c, struct ibv_qp_init_attr_ex *attr);
 struct ibv_cq_ex *tp_create_cq_ex(struct ibv_context *c, struct ibv_cq_init_attr_ex *attr);
-
-/* mr.c */
-void tp_fork_range_note(void);
 
 #endif /* TAPROCE_H */

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -268,4 +269,80 @@ func TestSanitized(t *testing.T) {
 			}
 		})
 	}
+}
+
+// userProgram compiles testdata/NAME.c as a user would, against Debian's
+// libibverbs-dev (-libverbs), and returns the binary.
+func userProgram(t *testing.T, name string) string {
+	t.Helper()
+	bin := t.TempDir() + "/" + name
+	out, err := exec.Command("cc", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-o", bin,
+		"testdata/"+name+".c", "-libverbs").CombinedOutput()
+	if err != nil {
+		t.Fatalf("cc %s.c: %v\n%s", name, err, out)
+	}
+	return bin
+}
+
+// TestMemoryKinds: a user's program registers every kind of memory it has
+// — heap (unaligned, small, large), anonymous and file mmaps, globals,
+// huge pages where the machine has them — and moves data into each with
+// SEND with immediate, WRITE, READ and both atomics, checking both ends;
+// once more with a fork after registration (ibv_fork_init's behaviour:
+// the parent's RDMA goes on, the child keeps its own memory).
+func TestMemoryKinds(t *testing.T) {
+	l := Need(t, false)
+	bin := userProgram(t, "memreg")
+	huge := hugePages(t, 8)
+	for _, mode := range []string{"plain", "fork"} {
+		t.Run(mode, func(t *testing.T) {
+			r := appliancetest.New(t, appliancetest.Options{Namespace: "ibv"})
+			env := append(l.Env(r.Socket), "TMPDIR="+t.TempDir())
+			out, err := Run(t, env, timeout, bin, mode)
+			if err != nil || !strings.HasPrefix(out, "ok") {
+				t.Fatalf("memreg %s: %v\n%s", mode, err, out)
+			}
+			// Registered huge pages stay huge pages.
+			if huge && !strings.Contains(out, "2048 kB pages after registration") {
+				t.Fatalf("memreg %s: huge pages lost:\n%s", mode, out)
+			}
+			t.Log(strings.TrimSpace(out))
+		})
+	}
+}
+
+// hugePages makes sure the machine has n free 2 MiB huge pages for the
+// test, reserving them as root (and giving them back after) when it has
+// not; it reports whether it has.
+func hugePages(t *testing.T, n int) bool {
+	const path = "/proc/sys/vm/nr_hugepages"
+	free := func() int {
+		b, _ := os.ReadFile("/proc/meminfo")
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) == 2 && f[0] == "HugePages_Free:" {
+				v, _ := strconv.Atoi(f[1])
+				return v
+			}
+		}
+		return 0
+	}
+	if free() >= n {
+		return true
+	}
+	old, err := os.ReadFile(path)
+	if err != nil || os.Geteuid() != 0 {
+		t.Logf("no free huge pages and not root: huge pages untested")
+		return false
+	}
+	cur, _ := strconv.Atoi(strings.TrimSpace(string(old)))
+	if err := os.WriteFile(path, []byte(strconv.Itoa(cur+n)), 0); err != nil {
+		t.Logf("reserving huge pages: %v: huge pages untested", err)
+		return false
+	}
+	t.Cleanup(func() { _ = os.WriteFile(path, old, 0) })
+	if free() < n {
+		t.Logf("the kernel reserved fewer than %d huge pages: huge pages untested", n)
+		return false
+	}
+	return true
 }
