@@ -346,7 +346,11 @@ func (c *cqObj) pump() {
 			break
 		}
 	}
-	if c.tcq.Overflowed() && !c.lost.Swap(true) {
+	// The client's CQ is the ring, of the depth ibv_create_cq reported:
+	// a completion more while it is full overruns it (IBV_EVENT_CQ_ERR),
+	// though the transport's queue keeps it for now.
+	overrun := c.ring.Free() == 0 && c.tcq.Len() > 0
+	if (overrun || c.tcq.Overflowed()) && !c.lost.Swap(true) {
 		abi.Word32(c.state, abi.CQOverflow).Store(1)
 		if c.onError != nil {
 			c.onError()

@@ -41,6 +41,13 @@ func (cq *CQ) Poll(wcs []WC) int {
 	return k
 }
 
+// Len returns how many completions wait to be polled.
+func (cq *CQ) Len() int {
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	return cq.n
+}
+
 // Overflowed reports whether a completion was lost to a full queue (an
 // asynchronous CQ error in libibverbs terms).
 func (cq *CQ) Overflowed() bool {

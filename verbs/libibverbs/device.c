@@ -213,6 +213,8 @@ TP_EXPORT int ibv_close_device(struct ibv_context *context)
 	close(c->sock);
 	close(c->kick_fd);
 	close(context->async_fd);
+	for (unsigned i = 0; i < 64; i++)
+		tp_qp_free(c->graves[i]);
 	pthread_mutex_destroy(&c->mu);
 	pthread_mutex_destroy(&context->mutex);
 	free(c->handles);

@@ -238,14 +238,27 @@ TP_EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 	pthread_spin_lock(&q->slock);
 	pthread_spin_lock(&q->rlock);
 	munmap(q->region, q->size);
+	q->region = q->state = NULL;
+	q->destroyed = 1;
 	pthread_spin_unlock(&q->rlock);
 	pthread_spin_unlock(&q->slock);
+	pthread_mutex_lock(&c->mu);
+	struct tp_qp *old = c->graves[c->ngraves % 64];
+	c->graves[c->ngraves++ % 64] = q;
+	pthread_mutex_unlock(&c->mu);
+	tp_qp_free(old);
+	return 0;
+}
+
+void tp_qp_free(struct tp_qp *q)
+{
+	if (q == NULL)
+		return;
 	pthread_spin_destroy(&q->slock);
 	pthread_spin_destroy(&q->rlock);
-	pthread_mutex_destroy(&qp->mutex);
-	pthread_cond_destroy(&qp->cond);
+	pthread_mutex_destroy(&q->qpx.qp_base.mutex);
+	pthread_cond_destroy(&q->qpx.qp_base.cond);
 	free(q);
-	return 0;
 }
 TP_DEFAULT_VERSION(ibv_destroy_qp, "IBVERBS_1.1");
 
@@ -344,11 +357,17 @@ int tp_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr *
 	int err = 0;
 	uint64_t n = 0;
 	pthread_spin_lock(&q->slock);
+	if (q->destroyed) {
+		pthread_spin_unlock(&q->slock);
+		*bad_wr = wr;
+		errno = EINVAL;
+		return EINVAL;
+	}
 	uint32_t st = qp_state(q);
 	if (atomic_load(&c->dead))
 		err = EIO;
-	else if (st < IBV_QPS_RTS || st == IBV_QPS_ERR)
-		err = EINVAL;
+	else if (st < IBV_QPS_RTS)
+		err = EINVAL; /* as rxe: from RTS on, and in ERR the work is flushed */
 	uint64_t retired = tp_load64((uint64_t *)(q->state + TAPROCE_QP_SEND_RETIRED));
 	for (; wr && !err; wr = wr->next) {
 		if ((err = check_send(q, wr)) != 0)
@@ -422,7 +441,9 @@ int tp_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr *
 	int err = 0;
 	uint64_t n = 0;
 	pthread_spin_lock(&q->rlock);
-	if (atomic_load(&c->dead))
+	if (q->destroyed)
+		err = EINVAL;
+	else if (atomic_load(&c->dead))
 		err = EIO;
 	else if (q->has_srq || qp_state(q) == IBV_QPS_RESET)
 		err = EINVAL;

@@ -63,6 +63,9 @@ struct tp_context {
 	/* dead is set once the appliance is gone (the event socket's end). */
 	atomic_int dead;
 	int fatal_reported;
+	/* graves holds the last destroyed QPs (tp_qp.destroyed); under mu. */
+	struct tp_qp *graves[64];
+	unsigned ngraves;
 	struct verbs_context vctx; /* last: its ibv_context is the last field */
 };
 
@@ -120,6 +123,10 @@ struct tp_qp {
 	struct tp_ring sq, rq;
 	uint64_t sent, recvd;
 	int has_srq;
+	/* destroyed is set, under both locks, by ibv_destroy_qp, which keeps
+	 * the structure a while (tp_context.graves) so that a program posting
+	 * to the QP after destroying it gets EINVAL, not freed memory. */
+	int destroyed;
 };
 
 struct tp_srq {
@@ -157,6 +164,8 @@ void tp_kick(struct tp_context *c);
 void tp_handles_add(struct tp_context *c, uint32_t h, enum tp_kind kind, void *obj);
 void tp_handles_del(struct tp_context *c, uint32_t h);
 void *tp_handles_find(struct tp_context *c, uint32_t h, enum tp_kind kind);
+/* tp_qp_free frees a destroyed QP's structure (NULL: nothing). */
+void tp_qp_free(struct tp_qp *q);
 /* tp_map_region maps the one shared region a reply carries. */
 uint8_t *tp_map_region(int fd, uint64_t size);
 

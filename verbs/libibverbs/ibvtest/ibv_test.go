@@ -235,9 +235,10 @@ func TestPerftest(t *testing.T) {
 	}
 }
 
-// TestSanitized runs the pingpong tools and two perftest tools on the
-// library built with AddressSanitizer and UndefinedBehaviorSanitizer: a
-// bad access or undefined behaviour in it ends the program with a report.
+// TestSanitized runs the pingpong tools, two perftest tools and the
+// test's own programs (every kind of memory, fork, misuse) on the library
+// built with AddressSanitizer and UndefinedBehaviorSanitizer: a bad access
+// or undefined behaviour in it ends the program with a report.
 func TestSanitized(t *testing.T) {
 	l := Need(t, true)
 	r := appliancetest.New(t, appliancetest.Options{Namespace: "ibv"})
@@ -266,6 +267,18 @@ func TestSanitized(t *testing.T) {
 			}
 			if cerr != nil || serr != nil {
 				t.Fatalf("client: %v\n%s\nserver: %v\n%s", cerr, cli.Out.String(), serr, srv.Out.String())
+			}
+		})
+	}
+	for _, c := range [][]string{{"memreg", "plain"}, {"memreg", "fork"}, {"misuse"}} {
+		t.Run(strings.Join(c, "-"), func(t *testing.T) {
+			bin := userProgram(t, c[0])
+			out, err := Run(t, append(env, "TMPDIR="+t.TempDir()), timeout, bin, c[1:]...)
+			if strings.Contains(out, "Sanitizer") || strings.Contains(out, "runtime error") {
+				t.Errorf("a sanitizer reported:\n%s", out)
+			}
+			if err != nil || !strings.HasSuffix(strings.TrimSpace(out), "ok") && !strings.Contains(out, "ok (") {
+				t.Fatalf("%s: %v\n%s", c[0], err, out)
 			}
 		})
 	}
@@ -308,6 +321,20 @@ func TestMemoryKinds(t *testing.T) {
 			}
 			t.Log(strings.TrimSpace(out))
 		})
+	}
+}
+
+// TestMisuse: a user's program misuses the verbs (posting in RESET,
+// after destroy, beyond the queue, with bad keys and SGEs; overrunning a
+// CQ; deregistering a region in use; freeing what is still used) and
+// checks it gets libibverbs' answers, not a crash or a hang.
+func TestMisuse(t *testing.T) {
+	l := Need(t, false)
+	bin := userProgram(t, "misuse")
+	r := appliancetest.New(t, appliancetest.Options{Namespace: "ibv"})
+	out, err := Run(t, l.Env(r.Socket), timeout, bin)
+	if err != nil || !strings.HasSuffix(strings.TrimSpace(out), "\nok") {
+		t.Fatalf("misuse: %v\n%s", err, out)
 	}
 }
 

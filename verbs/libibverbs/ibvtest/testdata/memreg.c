@@ -20,107 +20,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "ends.h"
+
 #define N 8192
 
 static char global_buf[3 * N + 13];
-
-#define die(...)                                                                                                       \
-	do {                                                                                                           \
-		fprintf(stderr, __VA_ARGS__);                                                                          \
-		fprintf(stderr, " (errno %d %s)\n", errno, strerror(errno));                                           \
-		exit(1);                                                                                               \
-	} while (0)
-
-struct end {
-	struct ibv_context *ctx;
-	struct ibv_pd *pd;
-	struct ibv_cq *cq;
-	struct ibv_qp *qp;
-	union ibv_gid gid;
-};
-
-static void open_end(struct end *e, const char *name)
-{
-	int n;
-	struct ibv_device **l = ibv_get_device_list(&n);
-	if (l == NULL)
-		die("ibv_get_device_list");
-	for (int i = 0; i < n; i++)
-		if (strcmp(ibv_get_device_name(l[i]), name) == 0)
-			e->ctx = ibv_open_device(l[i]);
-	ibv_free_device_list(l);
-	if (e->ctx == NULL)
-		die("open %s", name);
-	if ((e->pd = ibv_alloc_pd(e->ctx)) == NULL)
-		die("ibv_alloc_pd");
-	if ((e->cq = ibv_create_cq(e->ctx, 64, NULL, NULL, 0)) == NULL)
-		die("ibv_create_cq");
-	struct ibv_qp_init_attr ia = {.send_cq = e->cq, .recv_cq = e->cq, .qp_type = IBV_QPT_RC,
-				      .cap = {.max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1}};
-	if ((e->qp = ibv_create_qp(e->pd, &ia)) == NULL)
-		die("ibv_create_qp");
-	if (ibv_query_gid(e->ctx, 1, 1, &e->gid))
-		die("ibv_query_gid");
-}
-
-static void connect_to(struct end *e, struct end *peer)
-{
-	struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1,
-				.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC};
-	if (ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-		die("to INIT");
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = peer->qp->qp_num;
-	a.rq_psn = 7;
-	a.max_dest_rd_atomic = 4;
-	a.min_rnr_timer = 12;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.grh.dgid = peer->gid;
-	a.ah_attr.grh.sgid_index = 1;
-	a.ah_attr.grh.hop_limit = 1;
-	a.ah_attr.port_num = 1;
-	if (ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-					  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-		die("to RTR");
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTS;
-	a.sq_psn = 7;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.max_rd_atomic = 4;
-	if (ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-					  IBV_QP_MAX_QP_RD_ATOMIC))
-		die("to RTS");
-}
-
-static struct ibv_wc wait_wc(struct end *e, enum ibv_wc_opcode op)
-{
-	struct ibv_wc wc;
-	for (long spins = 0;; spins++) {
-		int n = ibv_poll_cq(e->cq, 1, &wc);
-		if (n < 0)
-			die("ibv_poll_cq");
-		if (n == 1)
-			break;
-		if (spins > 200000000L)
-			die("no completion");
-	}
-	if (wc.status != IBV_WC_SUCCESS)
-		die("completion %s (opcode %d)", ibv_wc_status_str(wc.status), wc.opcode);
-	if (wc.opcode != op)
-		die("completion opcode %d, want %d", wc.opcode, op);
-	return wc;
-}
-
-static void post(struct end *e, struct ibv_send_wr *wr)
-{
-	struct ibv_send_wr *bad;
-	if (ibv_post_send(e->qp, wr, &bad))
-		die("ibv_post_send");
-}
 
 /* exercise moves data between a's memory at pa and b's at pb, len bytes
  * each (at least 16), checking everything at both ends. */
@@ -241,8 +145,8 @@ int main(int argc, char **argv)
 	int do_fork = argc > 1 && strcmp(argv[1], "fork") == 0;
 	const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
 	struct end a = {0}, b = {0};
-	open_end(&a, "taproce0");
-	open_end(&b, "taproce1");
+	open_end(&a, "taproce0", 64);
+	open_end(&b, "taproce1", 64);
 	connect_to(&a, &b);
 	connect_to(&b, &a);
 
