@@ -167,7 +167,8 @@ func (cn *conn) read() {
 		switch {
 		case cn.closing.Load():
 			cn.err = ErrClosed
-		case errors.Is(err, io.EOF):
+		case errors.Is(err, io.EOF), errors.Is(err, syscall.ECONNRESET):
+			// ECONNRESET: it left messages of ours unread.
 			cn.err = &DeviceGoneError{Device: cn.name, Err: errHungUp}
 		default:
 			cn.err = &DeviceGoneError{Device: cn.name, Err: fmt.Errorf("the control connection failed: %w", err)}
