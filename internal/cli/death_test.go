@@ -78,7 +78,7 @@ func TestPerfApplianceDeath(t *testing.T) {
 		name string
 		args []string // after the test's name
 	}{
-		{"iterations", []string{"-n", "100000000", "-s", "4096"}},
+		{"iterations", []string{"-n", "1000000", "-s", "4096"}},
 		{"duration", []string{"-D", "10", "-s", "4096"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -104,15 +104,18 @@ func TestPerfApplianceDeath(t *testing.T) {
 
 // TestPingpongApplianceDeath kills the appliance (SIGKILL) while `taproce
 // pingpong` pairs exchange, busy-polling and sleeping on the completion
-// channel (-e): both sides exit 1 with an error that names the
-// appliance's death.
+// channel (-e), on RC, UD and UC and in UD's bounded exchange: both sides
+// exit 1 with an error that names the appliance's death.
 func TestPingpongApplianceDeath(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts an appliance process")
 	}
 	for _, flags := range [][]string{
-		{"-n", "100000000"},
-		{"-n", "100000000", "-e"},
+		{"-n", "1000000"},
+		{"-n", "1000000", "-e"},
+		{"--ud", "-n", "1000000", "-e"},
+		{"-t", "uc", "-n", "1000000"},
+		{"--ud", "-n", "1000000", "--timeout", "1000"},
 	} {
 		t.Run(strings.Join(flags, " "), func(t *testing.T) {
 			app := appliancetest.StartProcess(t, "TestApplianceProcess", appliancetest.Options{Namespace: "death", Net: 79})
@@ -132,6 +135,10 @@ func TestPingpongApplianceDeath(t *testing.T) {
 			for _, r := range []*cmdRun{srv, cl} {
 				r.waitFor(t, deadline, "remote address")
 			}
+			// The client prints the address before it connects its QP:
+			// give the exchange a moment to run. The outcome must be the
+			// same whenever the appliance dies.
+			time.Sleep(200 * time.Millisecond)
 			if err := app.Kill(); err != nil {
 				t.Fatal(err)
 			}
