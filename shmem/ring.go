@@ -242,6 +242,12 @@ func (r *Ring) slot(i uint64) []byte {
 	return r.data[off : off+r.slotSize : off+r.slotSize]
 }
 
+// SlotAt returns the slot of free-running index i, whatever it holds: a
+// slot published, consumed or not yet filled. It lets a producer read back
+// what it wrote when its consumer is gone (the verbs library flushes the
+// work requests a dead appliance left).
+func (r *Ring) SlotAt(i uint64) []byte { return r.slot(i) }
+
 // Producer side.
 
 // Free loads the consumer index and returns how many slots the producer may

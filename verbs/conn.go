@@ -652,6 +652,11 @@ func (c *Conn) teardown() error {
 	mrs := c.mrs
 	c.mrs = map[*MR]mrInfo{}
 	c.mu.Unlock()
+	if c.vc.gone() != nil {
+		// The objects went with the appliance; closing the context
+		// releases what this side holds.
+		return c.vc.Close()
+	}
 	for mr := range mrs {
 		keep(mr.Dereg(ctx))
 	}
@@ -785,6 +790,36 @@ func (c *Conn) failLocked(err error) {
 	if c.failed == nil && !c.closed {
 		c.failed = err
 	}
+}
+
+// loseLocked ends the connection whose device is gone: the calls waiting
+// for completions that will never come, and the later ones, fail with
+// the *DeviceGoneError.
+func (c *Conn) loseLocked(err error) {
+	c.failLocked(err)
+	for id, o := range c.pending {
+		delete(c.pending, id)
+		c.sqFree++
+		if o.err == nil {
+			o.err = err
+		}
+		o.left--
+		if o.left == 0 {
+			c.releaseLocked(o)
+			close(o.done)
+		}
+	}
+	c.broadcastLocked()
+}
+
+// wcErr is the error of a completion in error; once the device is gone,
+// its flushed work requests say so first.
+func (c *Conn) wcErr(op string, wc *WC) error {
+	err := error(&WCError{Op: op, Status: wc.Status, VendorErr: wc.VendorErr})
+	if lost := c.vc.gone(); lost != nil {
+		err = fmt.Errorf("%w (%w)", lost, err)
+	}
+	return err
 }
 
 // need is what a call takes before posting.
@@ -1309,9 +1344,17 @@ func (c *Conn) watch() {
 // flight.
 const dispatchSpin = 20 * time.Microsecond
 
-// dispatch polls the CQ and completes the calls.
+// dispatch polls the CQ and completes the calls. When the device is
+// gone it polls the flushed work requests, then ends the calls left.
 func (c *Conn) dispatch() {
 	defer close(c.dispDone)
+	defer func() {
+		if err := c.vc.gone(); err != nil {
+			c.mu.Lock()
+			c.loseLocked(err)
+			c.mu.Unlock()
+		}
+	}()
 	wcs := make([]WC, 32)
 	for {
 		gone := c.peerGone.Load()
@@ -1398,7 +1441,7 @@ func (c *Conn) pollOnce(wcs []WC) int {
 		delete(c.pending, wc.ID)
 		c.sqFree++
 		if wc.Status != WCSuccess {
-			err := &WCError{Op: o.name, Status: wc.Status, VendorErr: wc.VendorErr}
+			err := c.wcErr(o.name, wc)
 			if o.err == nil {
 				o.err = err
 			}
@@ -1421,7 +1464,7 @@ func (c *Conn) pollOnce(wcs []WC) int {
 func (c *Conn) onRecvLocked(wc *WC) {
 	slot := int(wc.ID &^ recvBit)
 	if wc.Status != WCSuccess {
-		c.failLocked(&WCError{Op: "receive", Status: wc.Status, VendorErr: wc.VendorErr})
+		c.failLocked(c.wcErr("receive", wc))
 		return
 	}
 	if slot >= c.recvN || wc.ByteLen < msgHeader {

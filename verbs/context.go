@@ -14,10 +14,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/taproce/taproce/shmem"
@@ -56,14 +58,50 @@ func (e *NoApplianceError) Error() string {
 
 func (e *NoApplianceError) Unwrap() []error { return []error{ErrNoAppliance, e.Err} }
 
+// ErrDeviceGone is wrapped by the errors of a device whose appliance died
+// or dropped the connection (see DeviceGoneError): every call that needs
+// the appliance fails with it from then on.
+var ErrDeviceGone = errors.New("verbs: device gone")
+
+// errHungUp is the cause of a DeviceGoneError when the control socket
+// reached its end: the appliance closed it, by exiting (a crash, a kill)
+// or by dropping this client.
+var errHungUp = errors.New("the appliance closed the control connection: it died or dropped this client")
+
+// DeviceGoneError is the error of a device whose appliance is gone: its
+// control connection ended (abi's package documentation says what a
+// client sees then). It wraps ErrDeviceGone, syscall.EIO — what
+// libibverbs returns for a command on a device the kernel disassociated —
+// and the cause, so that errors.Is finds any of them.
+type DeviceGoneError struct {
+	// Device names the device ("" for a connection that opened none).
+	Device string
+	// Err is the cause: the end of the control connection, or its error.
+	Err error
+}
+
+func (e *DeviceGoneError) Error() string {
+	dev := "the device"
+	if e.Device != "" {
+		dev = "device " + e.Device
+	}
+	return fmt.Sprintf("verbs: %s is gone: %v", dev, e.Err)
+}
+
+func (e *DeviceGoneError) Unwrap() []error { return []error{ErrDeviceGone, syscall.EIO, e.Err} }
+
 // conn is a control connection.
 type conn struct {
 	c *net.UnixConn
+	// closing is set by close, so that the reader's end counts as this
+	// side's and not as the appliance's.
+	closing atomic.Bool
 
 	mu      sync.Mutex
+	name    string // the device opened on it, for errors
 	seq     uint32
 	waiting map[uint32]chan reply
-	err     error
+	err     error // why the connection ended: ErrClosed or a *DeviceGoneError
 	events  chan abi.Event
 	done    chan struct{}
 }
@@ -126,7 +164,15 @@ func (cn *conn) read() {
 			}
 		}
 		cn.mu.Lock()
-		cn.err = fmt.Errorf("verbs: connection to the appliance: %w", err)
+		switch {
+		case cn.closing.Load():
+			cn.err = ErrClosed
+		case errors.Is(err, io.EOF), errors.Is(err, syscall.ECONNRESET):
+			// ECONNRESET: it left messages of ours unread.
+			cn.err = &DeviceGoneError{Device: cn.name, Err: errHungUp}
+		default:
+			cn.err = &DeviceGoneError{Device: cn.name, Err: fmt.Errorf("the control connection failed: %w", err)}
+		}
 		for s, ch := range cn.waiting {
 			close(ch)
 			delete(cn.waiting, s)
@@ -155,14 +201,21 @@ func (cn *conn) call(ctx context.Context, op abi.Op, req, out any, fds ...int) (
 	}
 	if err != nil {
 		cn.forget(seq)
+		if errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) {
+			// The appliance has gone; the reader is about to see the
+			// end of the connection and say so.
+			select {
+			case <-cn.done:
+				return nil, cn.ended()
+			case <-ctx.Done():
+			}
+		}
 		return nil, fmt.Errorf("verbs: %v: %w", op, err)
 	}
 	select {
 	case r, ok := <-ch:
 		if !ok {
-			cn.mu.Lock()
-			defer cn.mu.Unlock()
-			return nil, cn.err
+			return nil, cn.ended()
 		}
 		if err := abi.DecodeBody(r.body, out); err != nil {
 			closeFds(r.fds)
@@ -173,6 +226,19 @@ func (cn *conn) call(ctx context.Context, op abi.Op, req, out any, fds ...int) (
 		cn.forget(seq)
 		return nil, ctx.Err()
 	}
+}
+
+// ended returns why the connection ended, once the reader has.
+func (cn *conn) ended() error {
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	return cn.err
+}
+
+// close closes the connection from this side.
+func (cn *conn) close() error {
+	cn.closing.Store(true)
+	return cn.c.Close()
 }
 
 func (cn *conn) forget(seq uint32) {
@@ -214,7 +280,7 @@ func Devices(ctx context.Context) ([]DeviceInfo, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer cn.c.Close()
+	defer cn.close()
 	var r abi.ListDevicesReply
 	if _, err := cn.call(ctx, abi.OpListDevices, nil, &r); err != nil {
 		return nil, err
@@ -258,6 +324,21 @@ func portAttrOf(p *abi.PortAttr) PortAttr {
 }
 
 // Context is an open device (struct ibv_context).
+//
+// When its appliance dies (or drops the connection), the context learns
+// it from the control socket's end, as libibverbs learns of a device the
+// kernel disassociated, and then:
+//   - AsyncEvent delivers one EventDeviceFatal, after the events that came
+//     before, and then fails with the DeviceGoneError;
+//   - every work request still outstanding completes with WCWRFlushErr
+//     (its CQ's Poll returns them after the completions the appliance
+//     wrote), and a completion channel's Wait wakes: it returns a CQ
+//     armed before that has such completions, and then the error;
+//   - posting, arming a CQ and every call to the appliance fail with a
+//     *DeviceGoneError (ErrDeviceGone, syscall.EIO);
+//   - Err reports it and Done is closed.
+//
+// Close still releases everything, as after any other end.
 type Context struct {
 	cn   *conn
 	name string
@@ -265,11 +346,21 @@ type Context struct {
 	attr DeviceAttr
 	port PortAttr
 
+	// lost holds the *DeviceGoneError once the appliance is gone: posting
+	// and arming read it with one atomic load.
+	lost atomic.Pointer[DeviceGoneError]
+	// done is closed when the context has ended (lost, or closed) and the
+	// goroutine that handles the end has finished; fatal holds the one
+	// EventDeviceFatal until AsyncEvent takes it.
+	done  chan struct{}
+	fatal chan AsyncEvent
+
 	mu      sync.Mutex
 	closed  bool
 	qps     map[uint32]*QP // by handle
 	cqs     map[uint32]*CQ
 	srqs    map[uint32]*SRQ
+	chans   map[*CompChannel]struct{}
 	events  chan AsyncEvent
 	regions map[*shmem.Region]struct{} // shared memory to unmap on Close
 }
@@ -306,38 +397,131 @@ func Open(ctx context.Context, name string) (*Context, error) {
 	}
 	if err != nil {
 		closeFds(fds)
-		cn.c.Close()
+		cn.close()
 		return nil, fmt.Errorf("verbs: open %s: %w", name, err)
 	}
 	kick, err := shmem.DoorbellFromFd(fds[0])
 	if err != nil {
 		closeFds(fds)
-		cn.c.Close()
+		cn.close()
 		return nil, err
 	}
+	cn.mu.Lock()
+	cn.name = name
+	cn.mu.Unlock()
 	c := &Context{cn: cn, name: name, kick: kick, attr: r.Device, port: portAttrOf(&r.Port),
-		qps: map[uint32]*QP{}, cqs: map[uint32]*CQ{}, srqs: map[uint32]*SRQ{}, events: make(chan AsyncEvent, 64),
-		regions: map[*shmem.Region]struct{}{}}
+		done: make(chan struct{}), fatal: make(chan AsyncEvent, 1),
+		qps: map[uint32]*QP{}, cqs: map[uint32]*CQ{}, srqs: map[uint32]*SRQ{}, chans: map[*CompChannel]struct{}{},
+		events: make(chan AsyncEvent, 64), regions: map[*shmem.Region]struct{}{}}
 	go c.dispatchEvents()
 	return c, nil
 }
 
+// dispatchEvents hands the appliance's events to AsyncEvent until the
+// connection ends, and then, unless this side closed it, handles the
+// appliance's end (lose).
 func (c *Context) dispatchEvents() {
+	defer close(c.done)
 	for {
 		select {
 		case ev := <-c.cn.events:
-			out := AsyncEvent{Type: ev.Type, Port: ev.Port}
-			c.mu.Lock()
-			out.QP, out.CQ, out.SRQ = c.qps[uint32(ev.Handle)], c.cqs[uint32(ev.Handle)], c.srqs[uint32(ev.Handle)]
-			c.mu.Unlock()
-			select {
-			case c.events <- out:
-			default:
-			}
+			c.dispatch(ev)
 		case <-c.cn.done:
+			for drained := false; !drained; {
+				select {
+				case ev := <-c.cn.events:
+					c.dispatch(ev)
+				default:
+					drained = true
+				}
+			}
+			if err, ok := c.cn.ended().(*DeviceGoneError); ok {
+				c.lose(err)
+			}
 			return
 		}
 	}
+}
+
+func (c *Context) dispatch(ev abi.Event) {
+	out := AsyncEvent{Type: ev.Type, Port: ev.Port}
+	c.mu.Lock()
+	out.QP, out.CQ, out.SRQ = c.qps[uint32(ev.Handle)], c.cqs[uint32(ev.Handle)], c.srqs[uint32(ev.Handle)]
+	c.mu.Unlock()
+	select {
+	case c.events <- out:
+	default: // a client that never reads events loses the newest news
+	}
+}
+
+// lose ends the context whose appliance is gone: it publishes err, which
+// makes posting fail; flushes every work request posted before into its
+// CQ (each queue's lock orders the posts that saw no error before the
+// flush); wakes the completion channels' waiters; and queues the fatal
+// event. A Close under way first leaves nothing to do.
+func (c *Context) lose(err *DeviceGoneError) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	// Published before the objects are listed: an object made after this
+	// sees it at its first post.
+	c.lost.Store(err)
+	qps := make([]*QP, 0, len(c.qps))
+	for _, qp := range c.qps {
+		qps = append(qps, qp)
+	}
+	cqs := make([]*CQ, 0, len(c.cqs))
+	for _, cq := range c.cqs {
+		cqs = append(cqs, cq)
+	}
+	chans := make([]*CompChannel, 0, len(c.chans))
+	for ch := range c.chans {
+		chans = append(chans, ch)
+	}
+	c.mu.Unlock()
+	for _, qp := range qps {
+		qp.flush()
+	}
+	for _, cq := range cqs {
+		cq.lose()
+	}
+	for _, ch := range chans {
+		_ = ch.bell.Ring() // a destroyed channel's bell is closed: nobody waits
+	}
+	c.fatal <- AsyncEvent{Type: EventDeviceFatal, Port: 1}
+}
+
+// Err returns nil while the device works, a *DeviceGoneError (wrapping
+// ErrDeviceGone and syscall.EIO) once its appliance is gone, and
+// ErrClosed after Close. It takes no lock and makes no system call, for
+// loops that check it between polls.
+func (c *Context) Err() error {
+	if err := c.lost.Load(); err != nil {
+		return err
+	}
+	select {
+	case <-c.done:
+		return ErrClosed
+	default:
+		return nil
+	}
+}
+
+// Done returns a channel closed when the context has ended: its
+// appliance is gone (Err says so) or it was closed. A program that
+// blocks elsewhere (on a socket to its peer, say) can watch it to learn
+// that its device died.
+func (c *Context) Done() <-chan struct{} { return c.done }
+
+// gone returns the *DeviceGoneError once the appliance is gone, else nil;
+// it is one atomic load, for the data path.
+func (c *Context) gone() error {
+	if err := c.lost.Load(); err != nil {
+		return err
+	}
+	return nil
 }
 
 // Name returns the device name.
@@ -376,11 +560,26 @@ func (c *Context) GID(i int) (netip.Addr, error) {
 }
 
 // AsyncEvent waits for the next asynchronous event (ibv_get_async_event).
+// When the appliance is gone it returns the events that came before, then
+// one EventDeviceFatal, then the *DeviceGoneError; after Close, ErrClosed.
 func (c *Context) AsyncEvent(ctx context.Context) (AsyncEvent, error) {
 	select {
 	case ev := <-c.events:
 		return ev, nil
-	case <-c.cn.done:
+	case <-c.done:
+		select {
+		case ev := <-c.events:
+			return ev, nil
+		default:
+		}
+		select {
+		case ev := <-c.fatal:
+			return ev, nil
+		default:
+		}
+		if err := c.gone(); err != nil {
+			return AsyncEvent{}, err
+		}
 		return AsyncEvent{}, ErrClosed
 	case <-ctx.Done():
 		return AsyncEvent{}, ctx.Err()
@@ -398,8 +597,11 @@ func (c *Context) Close() error {
 	}
 	c.closed = true
 	c.mu.Unlock()
-	err := c.cn.c.Close()
+	err := c.cn.close()
 	<-c.cn.done
+	// The end's handling (lose) reads the rings: it must be over before
+	// they are unmapped.
+	<-c.done
 	c.kick.Close()
 	c.mu.Lock()
 	for r := range c.regions {

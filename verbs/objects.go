@@ -130,12 +130,19 @@ func (c *Context) CreateCompChannel(ctx context.Context) (*CompChannel, error) {
 		closeFds(fds)
 		return nil, err
 	}
-	return &CompChannel{c: c, h: r.Handle, bell: bell}, nil
+	ch := &CompChannel{c: c, h: r.Handle, bell: bell}
+	c.mu.Lock()
+	c.chans[ch] = struct{}{}
+	c.mu.Unlock()
+	return ch, nil
 }
 
 // Wait waits for a CQ of the channel to have a completion event and
 // returns it (ibv_get_cq_event); the CQ must be armed again with
-// ReqNotify for the next one.
+// ReqNotify for the next one. When the appliance is gone it wakes: it
+// returns a CQ that was armed and has flushed work requests to poll, and
+// then the *DeviceGoneError, as ibv_get_cq_event fails with EIO on a
+// device the kernel disassociated.
 func (ch *CompChannel) Wait(ctx context.Context) (*CQ, error) {
 	for {
 		ch.mu.Lock()
@@ -146,6 +153,11 @@ func (ch *CompChannel) Wait(ctx context.Context) (*CQ, error) {
 			}
 		}
 		ch.mu.Unlock()
+		// Context.lose rings the bell after publishing the loss, so a
+		// Wait that passes this check is woken.
+		if err := ch.c.gone(); err != nil {
+			return nil, err
+		}
 		if err := ch.bell.Wait(ctx); err != nil {
 			return nil, err
 		}
@@ -158,6 +170,9 @@ func (ch *CompChannel) Destroy(ctx context.Context) error {
 	if err := ch.c.destroy(ctx, abi.OpDestroyChannel, ch.h); err != nil {
 		return err
 	}
+	ch.c.mu.Lock()
+	delete(ch.c.chans, ch)
+	ch.c.mu.Unlock()
 	return ch.bell.Close()
 }
 
@@ -174,6 +189,9 @@ type CQ struct {
 
 	mu        sync.Mutex
 	destroyed bool
+	// flushed holds the completions of the work requests a gone appliance
+	// left outstanding (QP.flush); Poll returns them after the ring's.
+	flushed []WC
 }
 
 // CreateCQ creates a completion queue of at least depth entries, with an
@@ -236,6 +254,10 @@ func (cq *CQ) Depth() int { return cq.depth }
 
 // Poll moves up to len(wcs) completions into wcs and returns how many
 // (ibv_poll_cq). It never makes a system call. A destroyed CQ returns -1.
+// Once the appliance is gone, the completions it wrote are followed by a
+// WCWRFlushErr completion for each work request left outstanding: what
+// an application already handles when a QP fails, where an error from
+// Poll is one it treats as a bug of its own.
 func (cq *CQ) Poll(wcs []WC) int {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
@@ -243,6 +265,12 @@ func (cq *CQ) Poll(wcs []WC) int {
 		return -1
 	}
 	n := min(cq.ring.Len(), len(wcs))
+	if n == 0 && len(cq.flushed) > 0 {
+		// The ring is empty for good: its producer is gone.
+		k := copy(wcs, cq.flushed)
+		cq.flushed = cq.flushed[k:]
+		return k
+	}
 	for i := range n {
 		cq.cqe.Get(cq.ring.PeekAt(i))
 		e := &cq.cqe
@@ -259,9 +287,15 @@ func (cq *CQ) Poll(wcs []WC) int {
 // ReqNotify arms the CQ: its channel is signalled at the next completion
 // (ibv_req_notify_cq). solicitedOnly is accepted and treated as any
 // completion, which libibverbs allows.
+//
+// Once the appliance is gone it fails with a *DeviceGoneError: nobody is
+// left to signal (Poll still returns what the CQ holds).
 func (cq *CQ) ReqNotify(solicitedOnly bool) error {
 	if cq.ch == nil {
 		return fmt.Errorf("verbs: CQ without a completion channel: %w", syscall.EINVAL)
+	}
+	if err := cq.c.gone(); err != nil {
+		return err
 	}
 	v := uint32(1)
 	if solicitedOnly {
@@ -274,6 +308,32 @@ func (cq *CQ) ReqNotify(solicitedOnly bool) error {
 		_ = cq.ch.bell.Ring()
 	}
 	return nil
+}
+
+// addFlushed queues the flushed completions of a QP (QP.flush).
+func (cq *CQ) addFlushed(wcs []WC) {
+	if len(wcs) == 0 {
+		return
+	}
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	if !cq.destroyed {
+		cq.flushed = append(cq.flushed, wcs...)
+	}
+}
+
+// lose signals the channel of an armed CQ that has flushed completions,
+// as the appliance would have for completions of its own, once the
+// appliance is gone (Context.lose).
+func (cq *CQ) lose() {
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	if cq.destroyed || cq.ch == nil || len(cq.flushed) == 0 && cq.ring.Len() == 0 {
+		return
+	}
+	if abi.Word32(cq.state, abi.CQArmed).Swap(0) != 0 {
+		abi.Word32(cq.state, abi.CQFired).Store(1)
+	}
 }
 
 // Destroy destroys the CQ; EBUSY while QPs use it. Poll on a destroyed CQ

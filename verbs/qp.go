@@ -19,6 +19,8 @@ type QP struct {
 	typ    QPType
 	cap    QPCap
 	srq    *SRQ
+	sendCQ *CQ
+	recvCQ *CQ
 	region *shmem.Region
 	state  []byte
 
@@ -72,7 +74,7 @@ func (pd *PD) CreateQP(ctx context.Context, a QPInitAttr) (*QP, error) {
 		return nil, fmt.Errorf("verbs: QP rings: %v %v", err1, err2)
 	}
 	c := r.Caps
-	qp := &QP{pd: pd, h: r.Handle, num: r.QPN, typ: a.Type, srq: a.SRQ, region: region, state: mem[:abi.StateBytes], sq: sq, rq: rq,
+	qp := &QP{pd: pd, h: r.Handle, num: r.QPN, typ: a.Type, srq: a.SRQ, sendCQ: a.SendCQ, recvCQ: a.RecvCQ, region: region, state: mem[:abi.StateBytes], sq: sq, rq: rq,
 		cap: QPCap{MaxSendWR: c.MaxSendWR, MaxRecvWR: c.MaxRecvWR, MaxSendSGE: c.MaxSendSGE, MaxRecvSGE: c.MaxRecvSGE, MaxInline: c.MaxInline}}
 	pd.c.track(region)
 	pd.c.mu.Lock()
@@ -88,8 +90,17 @@ func (qp *QP) Num() uint32 { return qp.num }
 func (qp *QP) Cap() QPCap { return qp.cap }
 
 // State returns the QP's state as the appliance has it: the one Modify
-// moved it to, or SQE or ERR when the transport failed it.
+// moved it to, or SQE or ERR when the transport failed it; ERR once the
+// appliance is gone, whose QPs are gone with it.
 func (qp *QP) State() QPState {
+	if qp.pd.c.gone() != nil {
+		return QPSErr
+	}
+	return qp.published()
+}
+
+// published returns the state the appliance last published.
+func (qp *QP) published() QPState {
 	return QPState(abi.Word32(qp.state, abi.QPStateWord).Load())
 }
 
@@ -136,15 +147,19 @@ func (qp *QP) Query(ctx context.Context) (QPAttr, QPCap, error) {
 // PostSend posts send work requests (ibv_post_send). It writes them into
 // the shared send ring and wakes the appliance only if it sleeps. It
 // returns how many were posted; the error (EINVAL for a bad request or a
-// QP in RESET, INIT or RTR; ENOMEM for a full queue) says why the next
-// was not.
+// QP in RESET, INIT or RTR; ENOMEM for a full queue; a *DeviceGoneError
+// once the appliance is gone) says why the next was not.
 func (qp *QP) PostSend(wrs []SendWR) (int, error) {
 	qp.smu.Lock()
 	defer qp.smu.Unlock()
 	if qp.gone {
 		return 0, ErrClosed
 	}
-	st := qp.State()
+	// Checked under smu: Context.lose flushes what was posted before.
+	if err := qp.pd.c.gone(); err != nil {
+		return 0, err
+	}
+	st := qp.published()
 	if st < QPSRTS {
 		return 0, fmt.Errorf("verbs: post send on a QP in %v: %w", st, syscall.EINVAL)
 	}
@@ -226,17 +241,21 @@ func (qp *QP) checkSend(wr *SendWR) error {
 }
 
 // PostRecv posts receive work requests (ibv_post_recv); ENOMEM when the
-// receive queue is full, EINVAL on a QP in RESET or one with an SRQ.
+// receive queue is full, EINVAL on a QP in RESET or one with an SRQ, a
+// *DeviceGoneError once the appliance is gone.
 func (qp *QP) PostRecv(wrs []RecvWR) (int, error) {
 	qp.rmu.Lock()
 	defer qp.rmu.Unlock()
 	if qp.gone {
 		return 0, ErrClosed
 	}
+	if err := qp.pd.c.gone(); err != nil {
+		return 0, err
+	}
 	if qp.srq != nil {
 		return 0, fmt.Errorf("verbs: post receive on a QP with an SRQ: %w", syscall.EINVAL)
 	}
-	if st := qp.State(); st == QPSReset {
+	if st := qp.published(); st == QPSReset {
 		return 0, fmt.Errorf("verbs: post receive on a QP in RESET: %w", syscall.EINVAL)
 	}
 	retired := abi.Word64(qp.state, abi.QPRecvRetired).Load()
@@ -268,6 +287,52 @@ func postRecv(ring *shmem.Ring, w *abi.RecvWQE, wrs []RecvWR, posted, retired ui
 		w.Put(slot)
 	}
 	return len(wrs), nil
+}
+
+// flush completes the QP's outstanding work requests with WCWRFlushErr in
+// its CQs, as a device flushes a QP in error, once the appliance is gone
+// (Context.lose). They are the WQEs posted and not retired, still in
+// their ring slots: a queue never holds more than its depth, and its ring
+// has at least as many slots. Receives of an SRQ are not flushed, as a
+// QP in error leaves them to the SRQ.
+func (qp *QP) flush() {
+	qp.smu.Lock()
+	defer qp.smu.Unlock()
+	qp.rmu.Lock()
+	defer qp.rmu.Unlock()
+	if qp.gone {
+		return
+	}
+	var wcs []WC
+	var w abi.SendWQE
+	for i := outstanding(qp.sq, abi.Word64(qp.state, abi.QPSendRetired).Load(), qp.sent); i < qp.sent; i++ {
+		w.Get(qp.sq.SlotAt(i))
+		wcs = append(wcs, WC{ID: w.WRID, Status: WCWRFlushErr, QPNum: qp.num})
+	}
+	qp.sendCQ.addFlushed(wcs)
+	if qp.srq != nil {
+		return
+	}
+	wcs = nil
+	var r abi.RecvWQE
+	for i := outstanding(qp.rq, abi.Word64(qp.state, abi.QPRecvRetired).Load(), qp.recvd); i < qp.recvd; i++ {
+		r.Get(qp.rq.SlotAt(i))
+		wcs = append(wcs, WC{ID: r.WRID, Status: WCWRFlushErr, QPNum: qp.num})
+	}
+	qp.recvCQ.addFlushed(wcs)
+}
+
+// outstanding returns the first of the posted WQEs that a queue's retire
+// count leaves outstanding, within the ring's slots whatever the count
+// in shared memory says.
+func outstanding(ring *shmem.Ring, retired, posted uint64) uint64 {
+	switch slots := uint64(ring.Slots()); {
+	case retired > posted:
+		return posted
+	case posted-retired > slots:
+		return posted - slots
+	}
+	return retired
 }
 
 // Destroy destroys the QP.
@@ -338,12 +403,16 @@ func (pd *PD) CreateSRQ(ctx context.Context, maxWR, limit int) (*SRQ, error) {
 	return s, nil
 }
 
-// PostRecv posts receive work requests to the SRQ (ibv_post_srq_recv).
+// PostRecv posts receive work requests to the SRQ (ibv_post_srq_recv);
+// a *DeviceGoneError once the appliance is gone.
 func (s *SRQ) PostRecv(wrs []RecvWR) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.gone {
 		return 0, ErrClosed
+	}
+	if err := s.pd.c.gone(); err != nil {
+		return 0, err
 	}
 	retired := abi.Word64(s.state, abi.SRQRetired).Load()
 	n, err := postRecv(s.rq, &s.rwqe, wrs, s.recvd, retired, s.maxWR, abi.MaxSGE)

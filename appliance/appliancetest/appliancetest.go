@@ -68,6 +68,12 @@ type Rig struct {
 // New starts a test appliance; it fails the test when it cannot.
 func New(t testing.TB, o Options) *Rig {
 	t.Helper()
+	o = o.withDefaults()
+	return newAt(t, o, filepath.Join(t.TempDir(), "taproce.sock"))
+}
+
+// withDefaults fills in the defaults of the zero fields.
+func (o Options) withDefaults() Options {
 	if o.MTU == 0 {
 		o.MTU = 1500
 	}
@@ -83,7 +89,13 @@ func New(t testing.TB, o Options) *Rig {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	r := &Rig{Socket: filepath.Join(t.TempDir(), "taproce.sock")}
+	return o
+}
+
+// newAt is New serving on socket.
+func newAt(t testing.TB, o Options, socket string) *Rig {
+	t.Helper()
+	r := &Rig{Socket: socket}
 	t.Setenv(abi.SocketEnv, r.Socket)
 	self, err := control.NetnsInode("/proc/self/ns/net")
 	if err != nil {

@@ -2,6 +2,7 @@ package perf
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -214,7 +215,8 @@ func (d *rdma) connect(rem []Dest) error {
 // (the CQs armed first, as an application using events would, so the
 // next completion wakes it), otherwise a little between polls (a loop
 // watching memory, as write_lat does). It fails when nothing has happened
-// for the idle timeout or the context ends.
+// for the idle timeout or the context ends, with the context's cause: Run
+// ends it when the device dies.
 type waiter struct {
 	ctx      context.Context
 	idle     time.Duration
@@ -290,8 +292,8 @@ func (w *waiter) wait(what string) error {
 		w.since, w.sleeping = time.Now(), false
 	}
 	if w.sleeping || w.empty%64 == 0 {
-		if err := w.ctx.Err(); err != nil {
-			return fmt.Errorf("%s: %w", what, err)
+		if w.ctx.Err() != nil {
+			return fmt.Errorf("%s: %w", what, context.Cause(w.ctx))
 		}
 		waited := time.Since(w.since)
 		if waited > w.idle {
@@ -322,8 +324,11 @@ func (w *waiter) wait(what string) error {
 		_, err := w.ch.Wait(ctx)
 		cancel()
 		w.armed = false
-		if err != nil && w.ctx.Err() != nil {
-			return fmt.Errorf("%s: %w", what, w.ctx.Err())
+		switch {
+		case errors.Is(err, verbs.ErrDeviceGone):
+			return fmt.Errorf("%s: %w", what, err)
+		case err != nil && w.ctx.Err() != nil:
+			return fmt.Errorf("%s: %w", what, context.Cause(w.ctx))
 		}
 		// Woken (or at the idle deadline, which the next wait reports).
 	default:

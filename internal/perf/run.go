@@ -10,6 +10,7 @@ import (
 	"os"
 	"strconv"
 
+	"github.com/taproce/taproce/internal/devwatch"
 	"github.com/taproce/taproce/internal/oobconn"
 	"github.com/taproce/taproce/verbs"
 )
@@ -33,8 +34,10 @@ const cacheLineSize = 64
 
 // Run runs a test against a peer, a perftest program or another taproce
 // perf, and writes perftest's output (or JSON lines) to w. It returns the
-// result lines it printed.
-func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
+// result lines it printed. When the device's appliance dies it fails with
+// an error that says so (wrapping verbs.ErrDeviceGone), whatever it was
+// waiting for, as perftest fails on a device that reports a fatal error.
+func Run(ctx context.Context, cfg Config, w io.Writer) (_ []Result, err error) {
 	p, err := resolve(cfg)
 	if err != nil {
 		return nil, err
@@ -45,6 +48,9 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 		return nil, err
 	}
 	defer vc.Close()
+	defer func() { err = devwatch.Explain(vc, err) }()
+	ctx, stopDev := devwatch.Context(ctx, vc)
+	defer stopDev()
 	port, err := vc.QueryPort(ctx)
 	if err != nil {
 		return nil, err
@@ -89,10 +95,13 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 	return res, ctxErr(ctx, err)
 }
 
-// ctxErr prefers the context's error to the failure it caused.
+// ctxErr prefers the context's cause (its error, or the device's death,
+// devwatch.Context) to the failure it caused, unless that says it.
 func ctxErr(ctx context.Context, err error) error {
 	if err != nil && ctx.Err() != nil {
-		return fmt.Errorf("%w (%w)", ctx.Err(), err)
+		if cause := context.Cause(ctx); !errors.Is(err, cause) {
+			return fmt.Errorf("%w (%w)", cause, err)
+		}
 	}
 	return err
 }

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/taproce/taproce/internal/devwatch"
 	"github.com/taproce/taproce/internal/oobconn"
 	"github.com/taproce/taproce/internal/spin"
 	"github.com/taproce/taproce/verbs"
@@ -168,6 +169,9 @@ func (s *side) poll(ctx context.Context, wcs []verbs.WC) (int, error) {
 	if s.ch != nil {
 		cq, err := s.ch.Wait(ctx)
 		if err != nil {
+			if ctx.Err() != nil {
+				err = context.Cause(ctx) // the device's death, devwatch.Context
+			}
 			return 0, fmt.Errorf("failed to get cq_event: %w", err)
 		}
 		if cq != s.cq {
@@ -197,8 +201,8 @@ func (s *side) poll(ctx context.Context, wcs []verbs.WC) (int, error) {
 		if !pace.idle() {
 			continue
 		}
-		if err := ctx.Err(); err != nil {
-			return 0, err
+		if ctx.Err() != nil {
+			return 0, context.Cause(ctx)
 		}
 		time.Sleep(pollSleep)
 	}
@@ -209,8 +213,9 @@ func (s *side) poll(ctx context.Context, wcs []verbs.WC) (int, error) {
 // remote addresses, the two result lines, and with -c "invalid data in
 // page N" for each page of the message found wrong (the tools check only
 // the page's first byte, on the server; this checks every byte, on both
-// sides). Errors use the tools' words.
-func Run(ctx context.Context, o Options, env Env, stdout io.Writer) (*Result, error) {
+// sides). Errors use the tools' words, led by the device's error when its
+// appliance dies (verbs.ErrDeviceGone): that ends every wait at once.
+func Run(ctx context.Context, o Options, env Env, stdout io.Writer) (_ *Result, err error) {
 	if err := o.check(); err != nil {
 		return nil, err
 	}
@@ -220,10 +225,12 @@ func Run(ctx context.Context, o Options, env Env, stdout io.Writer) (*Result, er
 		return nil, err
 	}
 	defer s.vc.Close()
+	defer func() { err = devwatch.Explain(s.vc, err) }()
+	ctx, stopDev := devwatch.Context(ctx, s.vc)
+	defer stopDev()
 	var (
 		loop *Loop
 		dg   *Datagrams
-		err  error
 	)
 	if o.Timeout > 0 {
 		dg, err = NewDatagrams(s, client, o.Iters, o.RxDepth, o.Timeout)

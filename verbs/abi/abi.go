@@ -20,6 +20,43 @@
 // Reply flag, and starts with an Errno (0, or a Linux errno value as
 // libibverbs would return it). Events (FlagEvent) come unasked, with seq 0.
 // File descriptors travel with a message as SCM_RIGHTS.
+//
+// # When the appliance dies
+//
+// The appliance says nothing when it dies (a crash, SIGKILL) or drops a
+// client: the kernel closes its end of the control socket, and that end
+// is the only notice a client gets. What a client sees then:
+//
+//   - The control socket: recvmsg returns 0 bytes and no descriptors (end
+//     of file), or fails once with ECONNRESET first when the appliance
+//     left messages of this client unread; poll reports POLLIN|POLLHUP
+//     (and POLLRDHUP). sendmsg fails with EPIPE and raises SIGPIPE unless
+//     sent with MSG_NOSIGNAL. Requests in flight get no reply.
+//   - The completion channel's eventfd is never signalled again, so a
+//     client asleep on it alone sleeps for good: a waiter must watch the
+//     socket too, or be woken by whoever reads it (the eventfd is shared:
+//     the client may write it itself).
+//   - The doorbell to the appliance (the pipe's write end Open returns)
+//     has no reader: writing it fails with EPIPE and raises SIGPIPE.
+//   - The shared regions stay valid: they are memfd mappings the client
+//     holds, whose pages live while mapped and are never truncated, so
+//     reading and writing them does not fault. They stop moving: the CQ
+//     rings keep the completions written before the death, and the QP
+//     and SRQ state blocks keep the retire counts, so the work requests a
+//     client posted and the appliance never finished are those from the
+//     retired count to the number posted, still in their ring slots (a
+//     queue holds at most its depth; its ring has at least as many
+//     slots).
+//
+// The client libraries make of it what libibverbs reports for a device
+// the kernel disassociated, and tell the application at once, however it
+// waits: one IBV_EVENT_DEVICE_FATAL on the async event queue, after which
+// reading it fails with EIO; the outstanding work requests completed
+// with IBV_WC_WR_FLUSH_ERR after the ring's completions; a completion
+// channel's waiter woken, given an armed CQ that has such completions,
+// and then EIO; posting, arming a CQ and every request failing with EIO.
+// The end of the connection does not say whether the appliance died or
+// dropped the client; to the client both are the end of the device.
 package abi
 
 import (
