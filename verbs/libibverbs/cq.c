@@ -45,6 +45,7 @@ TP_EXPORT struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *c
 	ch->ch.fd = fd;
 	ch->h = rep.handle;
 	pthread_mutex_init(&ch->mu, NULL);
+	tp_handles_add(c, rep.handle, TP_CHANNEL, ch);
 	return &ch->ch;
 }
 
@@ -58,9 +59,11 @@ TP_EXPORT int ibv_destroy_comp_channel(struct ibv_comp_channel *channel)
 		errno = EBUSY;
 		return EBUSY;
 	}
-	int e = tp_destroy_handle(tp_ctx(channel->context), TAPROCE_OP_DESTROY_CHANNEL, ch->h);
+	struct tp_context *c = tp_ctx(channel->context);
+	int e = tp_destroy_handle(c, TAPROCE_OP_DESTROY_CHANNEL, ch->h);
 	if (e)
 		return e;
+	tp_handles_del(c, ch->h); /* before the fd closes: tp_device_died writes it */
 	close(channel->fd);
 	pthread_mutex_destroy(&ch->mu);
 	free(ch->cqs);
@@ -176,7 +179,7 @@ TP_EXPORT int ibv_destroy_cq(struct ibv_cq *cq)
 	struct tp_cq *q = tp_container_of(cq, struct tp_cq, cq);
 	struct tp_context *c = tp_ctx(cq->context);
 	int e = tp_destroy_handle(c, TAPROCE_OP_DESTROY_CQ, q->h);
-	if (e && !atomic_load(&c->dead))
+	if (e)
 		return e; /* EBUSY while QPs use it */
 	if (q->ch)
 		channel_del(q->ch, q);
@@ -230,6 +233,10 @@ int tp_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 	else if (q->yield && ++q->empty % tp_yield_every == 0)
 		yield = 1;
 	pthread_spin_unlock(&q->lock);
+	/* The appliance gone: its completions are all read; what it never
+	 * finished completes flushed. */
+	if (have == 0 && atomic_load(&tp_ctx(cq->context)->dead))
+		return tp_flush_cq(tp_ctx(cq->context), cq, wc, n);
 	/* As the Go library's busy-polling clients (internal/spin): a program
 	 * that polls without end would keep a sleeping appliance off the
 	 * processors it needs to make the completion it waits for. */
@@ -252,6 +259,8 @@ int tp_req_notify_cq(struct ibv_cq *cq, int solicited_only)
 	struct tp_cq *q = tp_container_of(cq, struct tp_cq, cq);
 	if (q->ch == NULL)
 		return EINVAL;
+	if (atomic_load(&tp_ctx(cq->context)->dead))
+		return EIO;
 	uint32_t *armed = (uint32_t *)(q->state + TAPROCE_CQ_ARMED);
 	uint32_t *fired = (uint32_t *)(q->state + TAPROCE_CQ_FIRED);
 	tp_store32(armed, solicited_only ? 2u : 1u);
@@ -279,6 +288,22 @@ TP_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq *
 				*cq_context = q->cq.cq_context;
 				return 0;
 			}
+		}
+		/* The appliance gone: each CQ armed still gets its event, for
+		 * the program to poll its flushed work; then EIO. */
+		if (atomic_load(&tp_ctx(channel->context)->dead)) {
+			for (size_t i = 0; i < ch->ncqs; i++) {
+				struct tp_cq *q = ch->cqs[i];
+				if (tp_xchg32((uint32_t *)(q->state + TAPROCE_CQ_ARMED), 0) != 0) {
+					pthread_mutex_unlock(&ch->mu);
+					*cq = &q->cq;
+					*cq_context = q->cq.cq_context;
+					return 0;
+				}
+			}
+			pthread_mutex_unlock(&ch->mu);
+			errno = EIO;
+			return -1;
 		}
 		pthread_mutex_unlock(&ch->mu);
 		uint64_t v;

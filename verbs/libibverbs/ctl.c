@@ -1,6 +1,8 @@
 /* The control protocol with the appliance (verbs/abi): one SOCK_SEQPACKET
  * message per request and per reply, descriptors as SCM_RIGHTS. */
 #include <errno.h>
+#include <signal.h>
+#include <time.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -210,18 +212,41 @@ int tp_destroy_handle(struct tp_context *c, uint16_t op, uint32_t h)
 	struct taproce_handle_request req = {.handle = h};
 	struct taproce_errno_reply rep;
 	if (tp_call(c, op, &req, sizeof(req), &rep, sizeof(rep), NULL, 0, NULL, NULL) < 0)
-		return errno;
+		/* The appliance gone took the object with it: destroying
+		 * succeeds, so that the program can free what it holds. */
+		return atomic_load(&c->dead) ? 0 : errno;
 	return tp_errno(rep.errnum);
 }
 
+/* tp_kick rings the appliance's doorbell, a pipe. A pipe without a
+ * reader — the appliance gone — raises SIGPIPE, which would kill a
+ * program that never asked for it: the signal is blocked around the
+ * write and, if the write raised it, taken back. */
 void tp_kick(struct tp_context *c)
 {
 	static const char one = 1;
+	if (atomic_load(&c->dead))
+		return;
+	sigset_t pipe, old, pending;
+	sigemptyset(&pipe);
+	sigaddset(&pipe, SIGPIPE);
+	pthread_sigmask(SIG_BLOCK, &pipe, &old);
+	sigpending(&pending);
+	int had = sigismember(&pending, SIGPIPE);
 	ssize_t n;
 	do
 		n = write(c->kick_fd, &one, 1);
 	while (n < 0 && errno == EINTR);
 	/* EAGAIN: the pipe is full of rings already. */
+	if (n < 0 && errno == EPIPE) {
+		if (!had) {
+			struct timespec zero = {0, 0};
+			while (sigtimedwait(&pipe, NULL, &zero) < 0 && errno == EINTR)
+				;
+		}
+		atomic_store(&c->dead, 1);
+	}
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
 void tp_handles_add(struct tp_context *c, uint32_t h, enum tp_kind kind, void *obj)

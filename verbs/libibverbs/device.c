@@ -2,6 +2,9 @@
  * one, and what it reports of itself (ibv_query_device, _port, _gid). */
 #include <endian.h>
 #include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,6 +141,63 @@ TP_EXPORT int ibv_get_device_index(struct ibv_device *device)
 }
 
 
+/* watch waits for the end of the event socket — the appliance gone — or
+ * for ibv_close_device, so that a program asleep on a completion channel
+ * or spinning on a CQ learns of the death at once (tp_device_died). */
+static void *watch(void *arg)
+{
+	struct tp_context *c = arg;
+	struct pollfd p[2] = {{.fd = c->vctx.context.async_fd, .events = POLLRDHUP}, {.fd = c->stop_fd, .events = POLLIN}};
+	for (;;) {
+		int n = poll(p, 2, -1);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 || p[1].revents != 0 || (p[0].revents & POLLNVAL))
+			return NULL;
+		if (p[0].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
+			tp_device_died(c);
+			return NULL;
+		}
+	}
+}
+
+/* start_watcher starts the context's watcher thread, with every signal
+ * blocked: the program's signals are not the library's to take. */
+static int start_watcher(struct tp_context *c)
+{
+	c->stop_fd = eventfd(0, EFD_CLOEXEC);
+	if (c->stop_fd < 0)
+		return -1;
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	int e = pthread_create(&c->watcher, NULL, watch, c);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (e != 0) {
+		close(c->stop_fd);
+		errno = e;
+		return -1;
+	}
+	return 0;
+}
+
+void tp_device_died(struct tp_context *c)
+{
+	atomic_store(&c->dead, 1);
+	static const uint64_t one = 1;
+	pthread_mutex_lock(&c->mu);
+	for (size_t i = 0; i < c->nhandles; i++) {
+		if (c->handles[i].kind != TP_CHANNEL)
+			continue;
+		struct tp_comp_channel *ch = c->handles[i].obj;
+		ssize_t n;
+		do
+			n = write(ch->ch.fd, &one, sizeof(one));
+		while (n < 0 && errno == EINTR);
+	}
+	pthread_mutex_unlock(&c->mu);
+}
+
 TP_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 {
 	struct tp_context *c = calloc(1, sizeof(*c));
@@ -190,6 +250,17 @@ TP_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	v->query_device_ex = tp_query_device_ex;
 	v->create_qp_ex = tp_create_qp_ex;
 	v->create_cq_ex = tp_create_cq_ex;
+	if (start_watcher(c) != 0) {
+		int e = errno;
+		close(fds[0]);
+		close(fds[1]);
+		close(c->sock);
+		pthread_mutex_destroy(&ctx->mutex);
+		pthread_mutex_destroy(&c->mu);
+		free(c);
+		errno = e;
+		return NULL;
+	}
 	return ctx;
 closefds:
 	for (int i = 0; i < nfds; i++)
@@ -209,6 +280,10 @@ TP_DEFAULT_VERSION(ibv_open_device, "IBVERBS_1.1");
 TP_EXPORT int ibv_close_device(struct ibv_context *context)
 {
 	struct tp_context *c = tp_ctx(context);
+	static const uint64_t one = 1;
+	if (write(c->stop_fd, &one, sizeof(one)) == sizeof(one))
+		pthread_join(c->watcher, NULL);
+	close(c->stop_fd);
 	/* The appliance tears down what the connection made. */
 	close(c->sock);
 	close(c->kick_fd);

@@ -232,7 +232,7 @@ TP_EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 	struct tp_qp *q = tp_qp_of(qp);
 	struct tp_context *c = tp_ctx(qp->context);
 	int e = tp_destroy_handle(c, TAPROCE_OP_DESTROY_QP, q->h);
-	if (e && !atomic_load(&c->dead))
+	if (e)
 		return e;
 	tp_handles_del(c, q->h);
 	pthread_spin_lock(&q->slock);
@@ -248,6 +248,49 @@ TP_EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 	pthread_mutex_unlock(&c->mu);
 	tp_qp_free(old);
 	return 0;
+}
+
+/* flush_ring completes the work in [from, to) of ring r flushed, up to
+ * n of it, into wc; it returns how many. */
+static int flush_ring(struct tp_ring *r, uint64_t *from, uint64_t to, uint32_t qpn, enum ibv_wc_opcode op,
+		      struct ibv_wc *wc, int n)
+{
+	int k = 0;
+	for (; *from < to && k < n; ++*from, k++) {
+		wc[k] = (struct ibv_wc){.wr_id = tp_get64(tp_ring_slot(r, *from)), .status = IBV_WC_WR_FLUSH_ERR,
+					.opcode = op, .qp_num = qpn};
+	}
+	return k;
+}
+
+int tp_flush_cq(struct tp_context *c, struct ibv_cq *cq, struct ibv_wc *wc, int n)
+{
+	int k = 0;
+	pthread_mutex_lock(&c->mu);
+	for (size_t i = 0; i < c->nhandles && k < n; i++) {
+		if (c->handles[i].kind != TP_QP)
+			continue;
+		struct tp_qp *q = c->handles[i].obj;
+		struct ibv_qp *qp = &q->qpx.qp_base;
+		if (qp->send_cq == cq) {
+			pthread_spin_lock(&q->slock);
+			uint64_t retired = tp_load64((uint64_t *)(q->state + TAPROCE_QP_SEND_RETIRED));
+			if (q->sflushed < retired)
+				q->sflushed = retired;
+			k += flush_ring(&q->sq, &q->sflushed, q->sent, qp->qp_num, IBV_WC_SEND, wc + k, n - k);
+			pthread_spin_unlock(&q->slock);
+		}
+		if (qp->recv_cq == cq && !q->has_srq && k < n) {
+			pthread_spin_lock(&q->rlock);
+			uint64_t retired = tp_load64((uint64_t *)(q->state + TAPROCE_QP_RECV_RETIRED));
+			if (q->rflushed < retired)
+				q->rflushed = retired;
+			k += flush_ring(&q->rq, &q->rflushed, q->recvd, qp->qp_num, IBV_WC_RECV, wc + k, n - k);
+			pthread_spin_unlock(&q->rlock);
+		}
+	}
+	pthread_mutex_unlock(&c->mu);
+	return k;
 }
 
 void tp_qp_free(struct tp_qp *q)
@@ -554,7 +597,7 @@ TP_EXPORT int ibv_destroy_srq(struct ibv_srq *srq)
 	struct tp_srq *s = tp_container_of(srq, struct tp_srq, srq);
 	struct tp_context *c = tp_ctx(srq->context);
 	int e = tp_destroy_handle(c, TAPROCE_OP_DESTROY_SRQ, s->h);
-	if (e && !atomic_load(&c->dead))
+	if (e)
 		return e;
 	tp_handles_del(c, s->h);
 	pthread_spin_lock(&s->lock);

@@ -39,7 +39,7 @@ struct tp_device {
 };
 
 /* Kinds of the objects an event may name. */
-enum tp_kind { TP_QP = 1, TP_CQ, TP_SRQ };
+enum tp_kind { TP_QP = 1, TP_CQ, TP_SRQ, TP_CHANNEL };
 
 struct tp_handle_entry {
 	uint32_t h;
@@ -60,8 +60,13 @@ struct tp_context {
 	/* handles names the objects events may refer to; under mu. */
 	struct tp_handle_entry *handles;
 	size_t nhandles, caphandles;
-	/* dead is set once the appliance is gone (the event socket's end). */
+	/* dead is set once the appliance is gone: the event socket's end,
+	 * which the watcher thread waits for (stop_fd ends it), or a request
+	 * that found the connection's end. See verbs/abi's "When the
+	 * appliance dies" for what the library makes of it. */
 	atomic_int dead;
+	pthread_t watcher;
+	int stop_fd;
 	int fatal_reported;
 	/* graves holds the last destroyed QPs (tp_qp.destroyed); under mu. */
 	struct tp_qp *graves[64];
@@ -123,6 +128,9 @@ struct tp_qp {
 	struct tp_ring sq, rq;
 	uint64_t sent, recvd;
 	int has_srq;
+	/* After the appliance's death, the work from sflushed (rflushed) on
+	 * has not yet been completed with IBV_WC_WR_FLUSH_ERR. */
+	uint64_t sflushed, rflushed;
 	/* destroyed is set, under both locks, by ibv_destroy_qp, which keeps
 	 * the structure a while (tp_context.graves) so that a program posting
 	 * to the QP after destroying it gets EINVAL, not freed memory. */
@@ -159,11 +167,20 @@ int tp_call_sock(int sock, uint32_t *seq, uint16_t op, const void *req, size_t r
 /* tp_errno turns a reply's errno field into the function's return: 0, or
  * the positive errno (also set in errno). */
 int tp_errno(int32_t e);
+/* tp_destroy_handle destroys an object; once the device is dead, it
+ * succeeds. */
 int tp_destroy_handle(struct tp_context *c, uint16_t op, uint32_t h);
 void tp_kick(struct tp_context *c);
 void tp_handles_add(struct tp_context *c, uint32_t h, enum tp_kind kind, void *obj);
 void tp_handles_del(struct tp_context *c, uint32_t h);
 void *tp_handles_find(struct tp_context *c, uint32_t h, enum tp_kind kind);
+/* tp_device_died marks the context's device dead and wakes every
+ * completion channel's waiter. */
+void tp_device_died(struct tp_context *c);
+/* tp_flush_cq, once the device is dead, completes up to n outstanding
+ * work requests of the QPs whose send or receive CQ is cq with
+ * IBV_WC_WR_FLUSH_ERR, and returns how many it wrote to wc. */
+int tp_flush_cq(struct tp_context *c, struct ibv_cq *cq, struct ibv_wc *wc, int n);
 /* tp_qp_free frees a destroyed QP's structure (NULL: nothing). */
 void tp_qp_free(struct tp_qp *q);
 /* tp_map_region maps the one shared region a reply carries. */

@@ -1,6 +1,7 @@
 package ibvtest
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -335,6 +336,77 @@ func TestMisuse(t *testing.T) {
 	out, err := Run(t, l.Env(r.Socket), timeout, bin)
 	if err != nil || !strings.HasSuffix(strings.TrimSpace(out), "\nok") {
 		t.Fatalf("misuse: %v\n%s", err, out)
+	}
+}
+
+// TestApplianceProcess is the appliance the death tests start in a child
+// process and kill (appliancetest.StartProcess).
+func TestApplianceProcess(t *testing.T) { appliancetest.ServeProcess(t) }
+
+// TestApplianceKilled: the appliance killed under a program, which learns
+// at once however it waits — asleep on a completion channel or the async
+// event queue, spinning on a CQ — as libibverbs reports a device taken
+// away (death.c says what), and Debian's tools in the middle of a run
+// end with an error instead of hanging.
+func TestApplianceKilled(t *testing.T) {
+	l := Need(t, false)
+	for _, sanitized := range []bool{false, true} {
+		t.Run(fmt.Sprintf("death.c sanitized=%v", sanitized), func(t *testing.T) {
+			lib := l
+			if sanitized {
+				lib = Need(t, true)
+			}
+			bin := userProgram(t, "death")
+			p := appliancetest.StartProcess(t, "TestApplianceProcess", appliancetest.Options{Namespace: "ibvd"})
+			prog := Start(t, lib.Env(p.Socket), timeout, bin)
+			WaitOutput(t, prog, "ready", timeout)
+			if err := p.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			err := prog.Wait()
+			out := prog.Out.String()
+			if strings.Contains(out, "Sanitizer") || strings.Contains(out, "runtime error") {
+				t.Errorf("a sanitizer reported:\n%s", out)
+			}
+			if err != nil || !strings.HasSuffix(strings.TrimSpace(out), "ok") {
+				t.Fatalf("death: %v\n%s", err, out)
+			}
+		})
+	}
+	for _, c := range []struct {
+		tool string
+		args []string
+	}{
+		{"ib_write_bw", []string{"-x", "1", "-F", "-D", "30"}},
+		{"ib_send_lat", []string{"-x", "1", "-F", "-D", "30"}},
+		{"ibv_rc_pingpong", []string{"-g", "1", "-n", "100000000", "-e"}},
+		{"ibv_rc_pingpong", []string{"-g", "1", "-n", "100000000"}},
+	} {
+		t.Run(strings.Join(append([]string{c.tool}, c.args...), " "), func(t *testing.T) {
+			p := appliancetest.StartProcess(t, "TestApplianceProcess", appliancetest.Options{Namespace: "ibvd"})
+			env := l.Env(p.Socket)
+			port := freePort(t)
+			args := append([]string{"-p", fmt.Sprint(port)}, c.args...)
+			srv := Start(t, env, timeout, c.tool, append([]string{"-d", "taproce0"}, args...)...)
+			WaitListen(t, srv, port, timeout)
+			cli := Start(t, env, timeout, c.tool, append(append([]string{"-d", "taproce1"}, args...), "127.0.0.1")...)
+			// Mid-run: a while after the client connected.
+			time.Sleep(time.Second)
+			if err := p.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			cerr, serr := cli.Wait(), srv.Wait()
+			for _, x := range []struct {
+				side string
+				err  error
+				out  string
+			}{{"client", cerr, cli.Out.String()}, {"server", serr, srv.Out.String()}} {
+				var ee *exec.ExitError
+				if !errors.As(x.err, &ee) || ee.ExitCode() <= 0 {
+					t.Errorf("%s: %v, want an exit with an error status\n%s", x.side, x.err, x.out)
+				}
+			}
+		})
 	}
 }
 

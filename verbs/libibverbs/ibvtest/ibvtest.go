@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -105,10 +106,30 @@ func (l *Lib) Env(socket string) []string {
 	return env
 }
 
+// Output collects a program's output; it may be read while the program
+// writes.
+type Output struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (o *Output) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.b.Write(p)
+}
+
+// String returns the output so far.
+func (o *Output) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.b.String()
+}
+
 // Program is a program started on taproce.
 type Program struct {
 	Cmd    *exec.Cmd
-	Out    bytes.Buffer
+	Out    Output
 	done   chan struct{}
 	err    error
 	cancel context.CancelFunc
@@ -156,6 +177,25 @@ func Run(t testing.TB, env []string, timeout time.Duration, name string, args ..
 	p := Start(t, env, timeout, name, args...)
 	err := p.Wait()
 	return p.Out.String(), err
+}
+
+// WaitOutput waits until p has written line, a whole line of output.
+func WaitOutput(t testing.TB, p *Program, line string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		for _, l := range strings.Split(p.Out.String(), "\n") {
+			if l == line {
+				return
+			}
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("%s ended before it said %q: %v\n%s", p.Cmd.Path, line, p.err, p.Out.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	t.Fatalf("%s never said %q\n%s", p.Cmd.Path, line, p.Out.String())
 }
 
 // WaitListen waits until a TCP socket of this machine's network namespace
