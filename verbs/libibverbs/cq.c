@@ -99,8 +99,8 @@ static void channel_del(struct tp_comp_channel *ch, struct tp_cq *cq)
 	pthread_mutex_unlock(&ch->mu);
 }
 
-TP_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_context,
-				       struct ibv_comp_channel *channel, int comp_vector)
+static struct tp_cq *create_cq(struct ibv_context *context, int cqe, void *cq_context, struct ibv_comp_channel *channel,
+			       int comp_vector)
 {
 	struct tp_context *c = tp_ctx(context);
 	if (cqe <= 0 || comp_vector < 0 || comp_vector >= context->num_comp_vectors) {
@@ -142,10 +142,11 @@ TP_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, voi
 	q->cq.cqe = (int)rep.depth;
 	pthread_mutex_init(&q->cq.mutex, NULL);
 	pthread_cond_init(&q->cq.cond, NULL);
+	pthread_mutex_init(&q->xlock, NULL);
 	if (ch)
 		channel_add(ch, q);
 	tp_handles_add(c, rep.handle, TP_CQ, q);
-	return &q->cq;
+	return q;
 fail:
 	if (mem)
 		munmap(mem, rep.size);
@@ -154,13 +155,110 @@ fail:
 	errno = EIO;
 	return NULL;
 }
+
+TP_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_context,
+				       struct ibv_comp_channel *channel, int comp_vector)
+{
+	struct tp_cq *q = create_cq(context, cqe, cq_context, channel, comp_vector);
+	return q ? &q->cq : NULL;
+}
 TP_DEFAULT_VERSION(ibv_create_cq, "IBVERBS_1.1");
+
+/* The extended CQ: ibv_start_poll takes the first completion (and the
+ * poll's lock), ibv_next_poll the next, ibv_end_poll ends the poll; the
+ * read_ functions read the completion the poll is at. Polling is
+ * tp_poll_cq's, one completion at a time, so that work flushed after the
+ * appliance's death comes the same way. */
+
+static inline struct tp_cq *tp_cqx(struct ibv_cq_ex *cq) { return tp_container_of(cq, struct tp_cq, cqx); }
+
+static int cqx_next(struct ibv_cq_ex *cq)
+{
+	struct tp_cq *q = tp_cqx(cq);
+	int n = tp_poll_cq(&q->cq, 1, &q->cur);
+	if (n < 0)
+		return EIO;
+	if (n == 0)
+		return ENOENT;
+	cq->wr_id = q->cur.wr_id;
+	cq->status = q->cur.status;
+	return 0;
+}
+
+static int cqx_start_poll(struct ibv_cq_ex *cq, struct ibv_poll_cq_attr *attr)
+{
+	struct tp_cq *q = tp_cqx(cq);
+	if (attr->comp_mask) {
+		errno = EINVAL;
+		return EINVAL;
+	}
+	if (!q->single)
+		pthread_mutex_lock(&q->xlock);
+	int e = cqx_next(cq);
+	/* With nothing to poll the poll is over: no ibv_end_poll follows. */
+	if (e != 0 && !q->single)
+		pthread_mutex_unlock(&q->xlock);
+	return e;
+}
+
+static void cqx_end_poll(struct ibv_cq_ex *cq)
+{
+	struct tp_cq *q = tp_cqx(cq);
+	if (!q->single)
+		pthread_mutex_unlock(&q->xlock);
+}
+
+static enum ibv_wc_opcode cqx_opcode(struct ibv_cq_ex *cq) { return tp_cqx(cq)->cur.opcode; }
+static uint32_t cqx_vendor_err(struct ibv_cq_ex *cq) { return tp_cqx(cq)->cur.vendor_err; }
+static uint32_t cqx_byte_len(struct ibv_cq_ex *cq) { return tp_cqx(cq)->cur.byte_len; }
+static __be32 cqx_imm_data(struct ibv_cq_ex *cq) { return tp_cqx(cq)->cur.imm_data; }
+static uint32_t cqx_qp_num(struct ibv_cq_ex *cq) { return tp_cqx(cq)->cur.qp_num; }
+static uint32_t cqx_src_qp(struct ibv_cq_ex *cq) { return tp_cqx(cq)->cur.src_qp; }
+static unsigned int cqx_wc_flags(struct ibv_cq_ex *cq) { return tp_cqx(cq)->cur.wc_flags; }
+static uint32_t cqx_slid(struct ibv_cq_ex *cq) { return tp_cqx(cq)->cur.slid; }
+static uint8_t cqx_sl(struct ibv_cq_ex *cq) { return tp_cqx(cq)->cur.sl; }
+static uint8_t cqx_dlid_path_bits(struct ibv_cq_ex *cq) { return tp_cqx(cq)->cur.dlid_path_bits; }
+
+/* The completion fields an extended CQ can report: rxe's, without
+ * timestamps. */
+#define TP_CQX_WC_FLAGS                                                                                                \
+	(IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_SRC_QP |                 \
+	 IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL | IBV_WC_EX_WITH_DLID_PATH_BITS)
 
 struct ibv_cq_ex *tp_create_cq_ex(struct ibv_context *context, struct ibv_cq_init_attr_ex *attr)
 {
-	(void)context, (void)attr;
-	errno = EOPNOTSUPP;
-	return NULL;
+	if (attr->wc_flags & ~(uint64_t)TP_CQX_WC_FLAGS) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	if ((attr->comp_mask & ~(uint32_t)(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD)) ||
+	    ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) && (attr->flags & ~(uint32_t)IBV_CREATE_CQ_ATTR_SINGLE_THREADED))) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	if (attr->cqe > INT32_MAX) {
+		errno = EINVAL;
+		return NULL;
+	}
+	struct tp_cq *q = create_cq(context, (int)attr->cqe, attr->cq_context, attr->channel, (int)attr->comp_vector);
+	if (q == NULL)
+		return NULL;
+	struct ibv_cq_ex *x = &q->cqx;
+	q->single = (attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) && (attr->flags & IBV_CREATE_CQ_ATTR_SINGLE_THREADED);
+	x->start_poll = cqx_start_poll;
+	x->next_poll = cqx_next;
+	x->end_poll = cqx_end_poll;
+	x->read_opcode = cqx_opcode;
+	x->read_vendor_err = cqx_vendor_err;
+	x->read_byte_len = cqx_byte_len;
+	x->read_imm_data = cqx_imm_data;
+	x->read_qp_num = cqx_qp_num;
+	x->read_src_qp = cqx_src_qp;
+	x->read_wc_flags = cqx_wc_flags;
+	x->read_slid = cqx_slid;
+	x->read_sl = cqx_sl;
+	x->read_dlid_path_bits = cqx_dlid_path_bits;
+	return x;
 }
 
 TP_EXPORT int ibv_resize_cq(struct ibv_cq *cq, int cqe)
@@ -189,6 +287,7 @@ TP_EXPORT int ibv_destroy_cq(struct ibv_cq *cq)
 	pthread_spin_unlock(&q->lock);
 	munmap(q->region, q->size);
 	pthread_spin_destroy(&q->lock);
+	pthread_mutex_destroy(&q->xlock);
 	pthread_mutex_destroy(&cq->mutex);
 	pthread_cond_destroy(&cq->cond);
 	free(q);

@@ -107,24 +107,34 @@ struct ibv_qp *tp_create_qp_ex(struct ibv_context *context, struct ibv_qp_init_a
 {
 	(void)context;
 	/* The work request API of ibv_qp_ex (IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)
-	 * and the rest are a provider's options this one lacks. */
-	if (!(a->comp_mask & IBV_QP_INIT_ATTR_PD) || (a->comp_mask & ~(uint32_t)(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS)) ||
+	 * for what the QP's type can send; the rest (create flags, XRC, RSS,
+	 * …) are a provider's options this one lacks. */
+	uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+	if (!(a->comp_mask & IBV_QP_INIT_ATTR_PD) || (a->comp_mask & ~known) ||
 	    ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags)) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	int ex = (a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0;
+	if (ex && (a->send_ops_flags & ~tp_wr_ops(a->qp_type))) {
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
 	struct ibv_qp_init_attr ia = {.qp_context = a->qp_context, .send_cq = a->send_cq, .recv_cq = a->recv_cq,
 				      .srq = a->srq, .cap = a->cap, .qp_type = a->qp_type, .sq_sig_all = a->sq_sig_all};
 	struct ibv_qp *qp = create_qp(a->pd, &ia);
-	if (qp)
-		a->cap = ia.cap;
+	if (qp == NULL)
+		return NULL;
+	a->cap = ia.cap;
+	if (ex)
+		tp_wr_init(tp_qp_of(qp));
 	return qp;
 }
 
 TP_EXPORT struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp)
 {
-	(void)qp;
-	return NULL; /* not created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS */
+	struct tp_qp *q = tp_qp_of(qp);
+	return q->ex ? &q->qpx : NULL; /* NULL: not made with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS */
 }
 
 TP_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask)
@@ -305,12 +315,12 @@ void tp_qp_free(struct tp_qp *q)
 }
 TP_DEFAULT_VERSION(ibv_destroy_qp, "IBVERBS_1.1");
 
-static uint32_t qp_state(const struct tp_qp *q)
+uint32_t tp_qp_state(const struct tp_qp *q)
 {
 	return tp_load32((uint32_t *)(q->state + TAPROCE_QP_STATE_WORD));
 }
 
-static int check_send(const struct tp_qp *q, const struct ibv_send_wr *wr)
+int tp_check_send(const struct tp_qp *q, const struct ibv_send_wr *wr)
 {
 	if (wr->num_sge < 0 || (uint32_t)wr->num_sge > q->max_send_sge || wr->num_sge > TAPROCE_MAX_SGE)
 		return EINVAL;
@@ -339,7 +349,7 @@ static int check_send(const struct tp_qp *q, const struct ibv_send_wr *wr)
 /* put_send writes wr into a send slot; the inline data, when asked for,
  * is gathered from the SGEs now, as libibverbs lets the caller reuse
  * them once ibv_post_send returns. */
-static int put_send(const struct tp_qp *q, uint8_t *s, const struct ibv_send_wr *wr)
+int tp_put_send(const struct tp_qp *q, uint8_t *s, const struct ibv_send_wr *wr)
 {
 	memset(s, 0, TAPROCE_SWQE_SGL);
 	tp_put64(s + TAPROCE_SWQE_WR_ID, wr->wr_id);
@@ -406,14 +416,14 @@ int tp_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr *
 		errno = EINVAL;
 		return EINVAL;
 	}
-	uint32_t st = qp_state(q);
+	uint32_t st = tp_qp_state(q);
 	if (atomic_load(&c->dead))
 		err = EIO;
 	else if (st < IBV_QPS_RTS)
 		err = EINVAL; /* as rxe: from RTS on, and in ERR the work is flushed */
 	uint64_t retired = tp_load64((uint64_t *)(q->state + TAPROCE_QP_SEND_RETIRED));
 	for (; wr && !err; wr = wr->next) {
-		if ((err = check_send(q, wr)) != 0)
+		if ((err = tp_check_send(q, wr)) != 0)
 			break;
 		if (q->sent + n - retired >= q->max_send_wr) {
 			err = ENOMEM;
@@ -424,7 +434,7 @@ int tp_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr *
 			err = ENOMEM;
 			break;
 		}
-		if ((err = put_send(q, slot, wr)) != 0)
+		if ((err = tp_put_send(q, slot, wr)) != 0)
 			break;
 		n++;
 	}
@@ -488,7 +498,7 @@ int tp_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr *
 		err = EINVAL;
 	else if (atomic_load(&c->dead))
 		err = EIO;
-	else if (q->has_srq || qp_state(q) == IBV_QPS_RESET)
+	else if (q->has_srq || tp_qp_state(q) == IBV_QPS_RESET)
 		err = EINVAL;
 	else {
 		uint64_t retired = tp_load64((uint64_t *)(q->state + TAPROCE_QP_RECV_RETIRED));

@@ -100,7 +100,11 @@ struct tp_comp_channel {
 };
 
 struct tp_cq {
-	struct ibv_cq cq;
+	/* An ibv_cq_ex begins as an ibv_cq does (ibv_cq_ex_to_cq casts). */
+	union {
+		struct ibv_cq cq;
+		struct ibv_cq_ex cqx;
+	};
 	uint32_t h;
 	uint8_t *region;
 	size_t size;
@@ -115,6 +119,12 @@ struct tp_cq {
 	 * finds nothing: the appliance sleeps for want of work and needs a
 	 * processor a busy-polling program would keep from it. */
 	int yield;
+	/* The extended CQ's polling (ibv_start_poll … ibv_end_poll): the
+	 * completion it is at, and the lock a poll holds from its start to
+	 * its end (not taken for IBV_CREATE_CQ_ATTR_SINGLE_THREADED). */
+	struct ibv_wc cur;
+	pthread_mutex_t xlock;
+	int single;
 };
 
 struct tp_qp {
@@ -128,6 +138,15 @@ struct tp_qp {
 	struct tp_ring sq, rq;
 	uint64_t sent, recvd;
 	int has_srq;
+	/* The work request API (ibv_wr_*, ex set): the requests of the
+	 * batch ibv_wr_start began, the one being built (xpending), the first
+	 * error, which ibv_wr_complete returns. Under slock, which the batch
+	 * holds from ibv_wr_start to its end. */
+	int ex, xpending, xerr;
+	uint64_t xn;
+	struct ibv_send_wr xwr;
+	struct ibv_sge xsge[TAPROCE_MAX_SGE];
+	uint8_t xinline[TAPROCE_MAX_INLINE];
 	/* After the appliance's death, the work from sflushed (rflushed) on
 	 * has not yet been completed with IBV_WC_WR_FLUSH_ERR. */
 	uint64_t sflushed, rflushed;
@@ -181,6 +200,15 @@ void tp_device_died(struct tp_context *c);
  * work requests of the QPs whose send or receive CQ is cq with
  * IBV_WC_WR_FLUSH_ERR, and returns how many it wrote to wc. */
 int tp_flush_cq(struct tp_context *c, struct ibv_cq *cq, struct ibv_wc *wc, int n);
+/* qp.c: a send request checked against the QP and written to a slot;
+ * the QP's state. */
+int tp_check_send(const struct tp_qp *q, const struct ibv_send_wr *wr);
+int tp_put_send(const struct tp_qp *q, uint8_t *s, const struct ibv_send_wr *wr);
+uint32_t tp_qp_state(const struct tp_qp *q);
+/* wr.c: the work request API. tp_wr_ops is the IBV_QP_EX_WITH_* a QP
+ * type can send; tp_wr_init sets a QP's ibv_qp_ex up for them. */
+uint64_t tp_wr_ops(enum ibv_qp_type t);
+void tp_wr_init(struct tp_qp *q);
 /* tp_qp_free frees a destroyed QP's structure (NULL: nothing). */
 void tp_qp_free(struct tp_qp *q);
 /* tp_map_region maps the one shared region a reply carries. */

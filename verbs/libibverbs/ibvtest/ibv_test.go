@@ -271,7 +271,7 @@ func TestSanitized(t *testing.T) {
 			}
 		})
 	}
-	for _, c := range [][]string{{"memreg", "plain"}, {"memreg", "fork"}, {"misuse"}} {
+	for _, c := range [][]string{{"memreg", "plain"}, {"memreg", "fork"}, {"misuse"}, {"extended"}} {
 		t.Run(strings.Join(c, "-"), func(t *testing.T) {
 			bin := userProgram(t, c[0])
 			out, err := Run(t, append(env, "TMPDIR="+t.TempDir()), timeout, bin, c[1:]...)
@@ -336,6 +336,19 @@ func TestMisuse(t *testing.T) {
 	out, err := Run(t, l.Env(r.Socket), timeout, bin)
 	if err != nil || !strings.HasSuffix(strings.TrimSpace(out), "\nok") {
 		t.Fatalf("misuse: %v\n%s", err, out)
+	}
+}
+
+// TestExtended: a user's program uses the extended CQ (ibv_create_cq_ex,
+// ibv_start_poll …) and the work request API of an extended QP
+// (ibv_create_qp_ex, ibv_wr_start … ibv_wr_complete), as rxe offers them.
+func TestExtended(t *testing.T) {
+	l := Need(t, false)
+	bin := userProgram(t, "extended")
+	r := appliancetest.New(t, appliancetest.Options{Namespace: "ibv"})
+	out, err := Run(t, l.Env(r.Socket), timeout, bin)
+	if err != nil || !strings.HasSuffix(strings.TrimSpace(out), "ok") {
+		t.Fatalf("extended: %v\n%s", err, out)
 	}
 }
 
