@@ -352,6 +352,33 @@ func TestExtended(t *testing.T) {
 	}
 }
 
+// TestTables: libibverbs' pure functions (status, event, node type and
+// port state names; rate conversions) answer on taproce's library exactly
+// as on Debian's, over their whole ranges and beyond.
+func TestTables(t *testing.T) {
+	l := Need(t, false)
+	bin := userProgram(t, "tables")
+	theirs, err := exec.Command(bin).CombinedOutput()
+	if err != nil {
+		t.Fatalf("on Debian's libibverbs: %v\n%s", err, theirs)
+	}
+	ours, err := Run(t, l.Env("/nonexistent"), timeout, bin)
+	if err != nil {
+		t.Fatalf("on taproce's: %v\n%s", err, ours)
+	}
+	if ours != string(theirs) {
+		a, b := strings.Split(string(theirs), "\n"), strings.Split(ours, "\n")
+		for i := range min(len(a), len(b)) {
+			if a[i] != b[i] {
+				t.Errorf("Debian's: %s\ntaproce's: %s", a[i], b[i])
+			}
+		}
+		if len(a) != len(b) {
+			t.Errorf("%d lines from Debian's, %d from taproce's", len(a), len(b))
+		}
+	}
+}
+
 // TestApplianceProcess is the appliance the death tests start in a child
 // process and kill (appliancetest.StartProcess).
 func TestApplianceProcess(t *testing.T) { appliancetest.ServeProcess(t) }
