@@ -46,6 +46,10 @@ const perfPortName = "taproce14"
 // perfRig is the appliance and the built command.
 type perfRig struct {
 	bin, sock string
+	// lib, when set, is the directory of taproce's libibverbs.so.1: the
+	// rig then runs Debian's perftest programs on it instead of taproce
+	// perf (lib_test.go).
+	lib string
 	app       *appliance.Appliance
 	nic       *appliance.NIC
 	wire      *wireTally // the NAKs on the port's wire
@@ -173,12 +177,35 @@ func newPerfRig(t *testing.T, cfg rigConfig) *perfRig {
 	return r
 }
 
-// command returns `taproce perf ARGS` in the bridge's namespace.
+// command returns `taproce perf ARGS` in the bridge's namespace, or with
+// a lib the program ARGS on it.
 func (r *perfRig) command(ctx context.Context, args ...string) *exec.Cmd {
-	c := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", Namespace, r.bin, "perf"}, args...)...)
+	head := []string{"netns", "exec", Namespace, r.bin, "perf"}
+	if r.lib != "" {
+		head = []string{"netns", "exec", Namespace, "env", "LD_LIBRARY_PATH=" + r.lib}
+	}
+	c := exec.CommandContext(ctx, "ip", append(head, args...)...)
 	c.Env = append(os.Environ(), "TAPROCE_SOCKET="+r.sock)
 	c.WaitDelay = 5 * time.Second
 	return c
+}
+
+// args are the arguments of command for a run of c, a client when peer
+// is given.
+func (r *perfRig) args(c perfCase, mtu, size int, peer ...string) []string {
+	if r.lib == "" {
+		return append(c.ourArgs(mtu, size), peer...)
+	}
+	return append(append([]string{c.tool}, c.libArgs(mtu, size)...), peer...)
+}
+
+// parse reads a run's output: taproce perf's JSON lines, or perftest's
+// result line on the lib.
+func (r *perfRig) parse(c perfCase, size int, out string) ([]perf.Result, error) {
+	if r.lib == "" {
+		return parseOurs(out)
+	}
+	return parseLib(c, size, out)
 }
 
 // clientOutput runs `taproce perf ARGS` as a client of a server in the VM
@@ -188,7 +215,8 @@ func (r *perfRig) command(ctx context.Context, args ...string) *exec.Cmd {
 func (r *perfRig) clientOutput(ctx context.Context, args ...string) ([]byte, error) {
 	for i := 1; ; i++ {
 		out, err := r.command(ctx, args...).CombinedOutput()
-		if err == nil || !strings.Contains(string(out), "couldn't connect") || i == 100 || ctx.Err() != nil {
+		refused := strings.Contains(string(out), "couldn't connect") || strings.Contains(string(out), "Couldn't connect")
+		if err == nil || !refused || i == 100 || ctx.Err() != nil {
 			return out, err
 		}
 		select {
@@ -530,12 +558,12 @@ func perfVMServer(t *testing.T, p *Peer, r *perfRig, c perfCase, mtu int, rec *p
 	for i, size := range c.sizes {
 		s0 := r.snap()
 		rctx, rcancel := context.WithTimeout(ctx, 3*time.Minute)
-		args := append(c.ourArgs(mtu, size), p.IP.String())
+		args := r.args(c, mtu, size, p.IP.String())
 		o, err := r.clientOutput(rctx, args...)
 		rcancel()
 		runs[i] = run{s0: s0, s1: r.end(c), text: string(o), err: err}
 		if err == nil {
-			runs[i].out, runs[i].err = parseOurs(string(o))
+			runs[i].out, runs[i].err = r.parse(c, size, string(o))
 		}
 	}
 	code, output, werr := job.Wait(ctx, 3*time.Minute)
@@ -550,7 +578,7 @@ func perfVMServer(t *testing.T, p *Peer, r *perfRig, c perfCase, mtu int, rec *p
 				o.rec.Pass = !t.Failed()
 				rec.add(o.rec)
 			}()
-			t.Logf("taproce perf %s %s:\n%s", strings.Join(c.ourArgs(mtu, size), " "), p.IP, strings.TrimSpace(runs[i].text))
+			t.Logf("taproce side: %s:\n%s", strings.Join(r.args(c, mtu, size, p.IP.String()), " "), strings.TrimSpace(runs[i].text))
 			if runs[i].err != nil {
 				o.fail("taproce perf: %v", runs[i].err)
 			}
@@ -608,7 +636,7 @@ func perfVMClient(t *testing.T, p *Peer, r *perfRig, c perfCase, mtu int, rec *p
 			s0 := r.snap()
 			var o bytes.Buffer
 			rctx, rcancel := context.WithTimeout(ctx, 3*time.Minute)
-			cmd := r.command(rctx, c.ourArgs(mtu, size)...)
+			cmd := r.command(rctx, r.args(c, mtu, size)...)
 			cmd.Stdout, cmd.Stderr = &o, &o
 			err := cmd.Run()
 			rcancel()
@@ -644,7 +672,7 @@ func perfVMClient(t *testing.T, p *Peer, r *perfRig, c perfCase, mtu int, rec *p
 			before, rest, _ := strings.Cut(sections[i], out+"\n")
 			vmOut, afterCounters, ok := strings.Cut(rest, after+"\n")
 			t.Logf("VM %s %s %s:\n%s", c.tool, c.vmArgs(mtu, size), HostIP, strings.TrimSpace(vmOut))
-			t.Logf("taproce perf %s:\n%s", strings.Join(c.ourArgs(mtu, size), " "), strings.TrimSpace(runs[i].text))
+			t.Logf("taproce side: %s:\n%s", strings.Join(r.args(c, mtu, size), " "), strings.TrimSpace(runs[i].text))
 			if !ok || !strings.Contains(vmOut, "rc=0\n") {
 				o.fail("%s in the VM failed", c.tool)
 			}
@@ -659,7 +687,7 @@ func perfVMClient(t *testing.T, p *Peer, r *perfRig, c perfCase, mtu int, rec *p
 				o.fail("%s output: %v", c.tool, err)
 				return
 			}
-			ours, err := parseOurs(runs[i].text)
+			ours, err := r.parse(c, size, runs[i].text)
 			if err != nil {
 				o.fail("taproce output: %v", err)
 				return

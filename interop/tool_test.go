@@ -143,8 +143,25 @@ type counterCheck interface {
 // and the counter check of a run of iters iterations, begun when called.
 type toolSide struct {
 	bin, sock string
+	// lib, when set, is the directory of taproce's libibverbs.so.1: the
+	// side then runs Debian's ibv_*_pingpong on it instead of taproce
+	// pingpong, on the appliance's first device (lib_test.go).
+	lib       string
 	local     netip.Addr
 	check     func(iters int) counterCheck
+}
+
+// command returns the side's pingpong for c with extra options.
+func (s toolSide) command(ctx context.Context, c ppCase, extra ...string) *exec.Cmd {
+	if s.lib == "" {
+		return toolCmd(ctx, s.bin, s.sock, append(c.toolArgs(), extra...)...)
+	}
+	args := append(append([]string{"netns", "exec", Namespace, "env", "LD_LIBRARY_PATH=" + s.lib, c.tool(), "-d", libDevice},
+		strings.Fields(c.args())...), extra...)
+	cmd := exec.CommandContext(ctx, "ip", args...)
+	cmd.Env = append(os.Environ(), "TAPROCE_SOCKET="+s.sock)
+	cmd.WaitDelay = 5 * time.Second
+	return cmd
 }
 
 // toolArgs returns the options of both sides (the tool's, and -t for
@@ -180,11 +197,12 @@ func toolVMServer(t *testing.T, p *Peer, side toolSide, c ppCase) {
 	var runErr error
 	for deadline := time.Now().Add(90 * time.Second); ; {
 		var o, e bytes.Buffer
-		cmd := toolCmd(ctx, side.bin, side.sock, append(c.toolArgs(), "-c", peerIP)...)
+		cmd := side.command(ctx, c, "-c", peerIP)
 		cmd.Stdout, cmd.Stderr = &o, &e
 		runErr = cmd.Run()
 		out, errOut = o.String(), e.String()
-		if runErr == nil || !strings.Contains(errOut, "couldn't connect") || time.Now().After(deadline) {
+		refused := strings.Contains(strings.ToLower(errOut+out), "couldn't connect")
+		if runErr == nil || !refused || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(300 * time.Millisecond)
@@ -217,17 +235,18 @@ func toolVMClient(t *testing.T, p *Peer, side toolSide, c ppCase) {
 	defer cancel()
 	check := side.check(c.iters)
 	var out, errOut lockedBuffer
-	cmd := toolCmd(ctx, side.bin, side.sock, append(c.toolArgs(), "-c")...)
+	cmd := side.command(ctx, c, "-c")
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
-	// It prints its address, then listens.
+	// It prints its address, then listens (Debian's tools print into a
+	// buffer: only the listening shows).
 	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
 	var err error
-	for !strings.Contains(out.String(), "local address:") && err == nil {
+	for side.lib == "" && !strings.Contains(out.String(), "local address:") && err == nil {
 		select {
 		case <-wctx.Done():
 			err = wctx.Err()
