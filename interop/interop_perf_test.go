@@ -49,10 +49,10 @@ type perfRig struct {
 	// lib, when set, is the directory of taproce's libibverbs.so.1: the
 	// rig then runs Debian's perftest programs on it instead of taproce
 	// perf (lib_test.go).
-	lib string
-	app       *appliance.Appliance
-	nic       *appliance.NIC
-	wire      *wireTally // the NAKs on the port's wire
+	lib  string
+	app  *appliance.Appliance
+	nic  *appliance.NIC
+	wire *wireTally // the NAKs on the port's wire
 }
 
 // rigConfig is what sets a perfRig's port apart: the impairment of the

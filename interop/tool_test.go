@@ -146,9 +146,9 @@ type toolSide struct {
 	// lib, when set, is the directory of taproce's libibverbs.so.1: the
 	// side then runs Debian's ibv_*_pingpong on it instead of taproce
 	// pingpong, on the appliance's first device (lib_test.go).
-	lib       string
-	local     netip.Addr
-	check     func(iters int) counterCheck
+	lib   string
+	local netip.Addr
+	check func(iters int) counterCheck
 }
 
 // command returns the side's pingpong for c with extra options.
