@@ -6,12 +6,14 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/taproce/taproce/appliance"
 	"github.com/taproce/taproce/appliance/appliancetest"
 )
 
@@ -377,6 +379,74 @@ func TestTables(t *testing.T) {
 			t.Errorf("%d lines from Debian's, %d from taproce's", len(a), len(b))
 		}
 	}
+}
+
+// TestNoSyscalls: while the appliance polls (poll mode spin), posting and
+// polling make no system call. Debian's ib_send_lat and ib_write_bw run
+// under strace -c twice, with 200 iterations and with 2200; the
+// calls they make are their set-up's, as many in both runs.
+func TestNoSyscalls(t *testing.T) {
+	l := Need(t, false)
+	if _, err := exec.LookPath("strace"); err != nil {
+		t.Skip("strace is not installed (scripts/setup installs it)")
+	}
+	r := appliancetest.New(t, appliancetest.Options{Namespace: "ibv", Poll: appliance.PollSpin})
+	env := l.Env(r.Socket)
+	for _, c := range []struct {
+		tool string
+		args []string
+	}{
+		{"ib_send_lat", []string{"-x", "1", "-F", "-s", "2"}},
+		{"ib_write_bw", []string{"-x", "1", "-F", "-s", "4096"}},
+	} {
+		t.Run(c.tool, func(t *testing.T) {
+			calls := func(iters int) (client, server int) {
+				port := freePort(t)
+				args := append([]string{"-p", fmt.Sprint(port), "-n", fmt.Sprint(iters)}, c.args...)
+				dir := t.TempDir()
+				strace := func(side string, args ...string) []string {
+					return append([]string{"-f", "-c", "-o", filepath.Join(dir, side), c.tool}, args...)
+				}
+				srv := Start(t, env, timeout, "strace", strace("server", append([]string{"-d", "taproce0"}, args...)...)...)
+				WaitListen(t, srv, port, timeout)
+				cli := Start(t, env, timeout, "strace", strace("client", append(append([]string{"-d", "taproce1"}, args...), "127.0.0.1")...)...)
+				if cerr, serr := cli.Wait(), srv.Wait(); cerr != nil || serr != nil {
+					t.Fatalf("client: %v\n%s\nserver: %v\n%s", cerr, cli.Out.String(), serr, srv.Out.String())
+				}
+				return straceTotal(t, filepath.Join(dir, "client")), straceTotal(t, filepath.Join(dir, "server"))
+			}
+			c1, s1 := calls(200)
+			c2, s2 := calls(2200)
+			t.Logf("system calls: client %d and %d, server %d and %d, for 200 and 2200 iterations", c1, c2, s1, s2)
+			// 2000 iterations more may not cost 200 calls more: what
+			// differs between two runs is set-up's noise, not a call per
+			// post or poll.
+			if c2-c1 > 200 || s2-s1 > 200 {
+				t.Errorf("2000 iterations more made %d system calls more in the client, %d in the server", c2-c1, s2-s1)
+			}
+		})
+	}
+}
+
+// straceTotal reads the total of the calls column of strace -c's table.
+func straceTotal(t *testing.T, path string) int {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 5 && f[len(f)-1] == "total" {
+			n, err := strconv.Atoi(f[3])
+			if err != nil {
+				t.Fatalf("strace's total line %q: %v", line, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no total in strace's table:\n%s", b)
+	return 0
 }
 
 // TestApplianceProcess is the appliance the death tests start in a child
