@@ -289,7 +289,7 @@ func TestSanitized(t *testing.T) {
 
 // userProgram compiles testdata/NAME.c as a user would, against Debian's
 // libibverbs-dev (-libverbs), and returns the binary.
-func userProgram(t *testing.T, name string) string {
+func userProgram(t testing.TB, name string) string {
 	t.Helper()
 	bin := t.TempDir() + "/" + name
 	out, err := exec.Command("cc", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-o", bin,
@@ -447,6 +447,39 @@ func straceTotal(t *testing.T, path string) int {
 	}
 	t.Fatalf("no total in strace's table:\n%s", b)
 	return 0
+}
+
+// BenchmarkRegMR times ibv_reg_mr of a program's buffer (its pages moved
+// onto a memfd: new pages, a copy, an mmap) as a ratio to copying as many
+// bytes into new memory in the same run (reg/fresh-copy: the least any
+// way of giving the appliance the bytes pays), registering it again (on
+// the memfd already) and ibv_dereg_mr as ratios to a memcpy between
+// buffers in use, from 4 KiB to 64 MiB (testdata/regbench.c). Each run
+// measures once, whatever b.N: run it with -benchtime 1x.
+func BenchmarkRegMR(b *testing.B) {
+	l := Need(b, false)
+	bin := userProgram(b, "regbench")
+	r := appliancetest.New(b, appliancetest.Options{Namespace: "ibv"})
+	for range b.N {
+		out, err := Run(b, l.Env(r.Socket), timeout, bin)
+		if err != nil {
+			b.Fatalf("regbench: %v\n%s", err, out)
+		}
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			var size int
+			var first, again, dereg, fresh, cp float64
+			if n, _ := fmt.Sscan(line, &size, &first, &again, &dereg, &fresh, &cp); n != 6 {
+				b.Fatalf("regbench line %q", line)
+			}
+			fresh, cp = max(fresh, 0.1), max(cp, 0.1)
+			k := fmt.Sprintf("%dKiB", size>>10)
+			b.ReportMetric(first, k+"-reg-µs")
+			b.ReportMetric(first/fresh, k+"-reg/fresh-copy")
+			b.ReportMetric(again, k+"-again-µs")
+			b.ReportMetric(dereg, k+"-dereg-µs")
+			b.ReportMetric(cp, k+"-memcpy-µs")
+		}
+	}
 }
 
 // TestApplianceProcess is the appliance the death tests start in a child
