@@ -202,7 +202,9 @@ func (ss *session) allocPD() (abi.Handle, error) {
 	return h, nil
 }
 
-func (ss *session) regMR(r *abi.RegMRRequest, fd int) (*abi.RegMRReply, error) {
+// regMR registers the memfd fds[0]; it takes the descriptor once it is
+// mapped (the region closes it), and leaves it to the caller otherwise.
+func (ss *session) regMR(r *abi.RegMRRequest, fds received) (*abi.RegMRReply, error) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	pd := ss.pds[r.PD]
@@ -220,10 +222,11 @@ func (ss *session) regMR(r *abi.RegMRRequest, fd int) (*abi.RegMRReply, error) {
 		// IBA 10.6.3.1: remote write or atomic needs local write.
 		return nil, errno(syscall.EINVAL, "access flags %#x", r.Access)
 	}
-	region, err := shmem.MapRegion(fd, int(r.Size))
+	region, err := shmem.MapRegion(fds[0], int(r.Size))
 	if err != nil {
 		return nil, errno(syscall.EINVAL, "%v", err)
 	}
+	fds.take(0)
 	buf := region.Bytes()[r.Offset : r.Offset+r.Length : r.Offset+r.Length]
 	mr, err := ss.dev.Engine.Memory().Register(pd.pd, r.Addr, buf, abi.Access(r.Access))
 	if err != nil {

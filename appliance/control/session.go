@@ -103,9 +103,13 @@ func (ss *session) run() {
 			ss.log.Warn("bad message, client disconnected", "err", err)
 			return
 		}
-		reply, rfds, err := ss.handle(h.Op, body, fds)
+		in := received(fds)
+		reply, rfds, err := ss.handle(h.Op, body, in)
+		// What the request brought and its op did not keep is closed
+		// before the reply goes, whatever the answer: a client cannot
+		// make the appliance hold descriptors by attaching them.
+		in.close()
 		if err != nil {
-			closeFds(fds)
 			ss.log.Warn("bad request, client disconnected", "op", h.Op, "err", err)
 			return
 		}
@@ -140,6 +144,28 @@ func closeFds(fds []int) {
 	}
 }
 
+// received are the descriptors a request brought. The op that keeps one
+// takes it; the session closes the rest once the request is handled, on
+// every path, so that what a client attaches cannot pile up here.
+type received []int
+
+// take hands descriptor i over to the caller, who then owns it.
+func (r received) take(i int) int {
+	fd := r[i]
+	r[i] = -1
+	return fd
+}
+
+// close closes the descriptors not taken.
+func (r received) close() {
+	for i, fd := range r {
+		if fd >= 0 {
+			_ = syscall.Close(fd)
+			r[i] = -1
+		}
+	}
+}
+
 // errno makes an errno reply error.
 func errno(e syscall.Errno, format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{e}, args...)...)
@@ -148,14 +174,14 @@ func errno(e syscall.Errno, format string, args ...any) error {
 // handle dispatches one request. It returns the reply body and the fds to
 // send with it; an error means the request was malformed and the client
 // is cut off. A verbs failure is not an error here: it is an errno in the
-// reply.
-func (ss *session) handle(op abi.Op, body []byte, fds []int) (any, []int, error) {
+// reply. The op that keeps a descriptor of fds takes it (reg-mr, its
+// region's memfd); the caller closes the others.
+func (ss *session) handle(op abi.Op, body []byte, fds received) (any, []int, error) {
 	if op == abi.OpEvent {
 		return nil, nil, fmt.Errorf("%w: events go to clients, not from them", abi.ErrOp)
 	}
-	needFd := op == abi.OpRegMR
-	if needFd != (len(fds) == 1) {
-		return nil, nil, fmt.Errorf("%v with %d descriptors", op, len(fds))
+	if want := fdsOf(op); len(fds) != want {
+		return nil, nil, fmt.Errorf("%w: %v with %d descriptors, it takes %d", errDescriptors, op, len(fds), want)
 	}
 	decode := func(v any) error { return abi.DecodeBody(body, v) }
 	if op != abi.OpListDevices && op != abi.OpOpen {
@@ -198,9 +224,8 @@ func (ss *session) handle(op abi.Op, body []byte, fds []int) (any, []int, error)
 		if err := decode(&r); err != nil {
 			return nil, nil, err
 		}
-		rep, err := ss.regMR(&r, fds[0])
+		rep, err := ss.regMR(&r, fds)
 		if err != nil {
-			_ = syscall.Close(fds[0])
 			return &abi.RegMRReply{Errno: abi.ErrnoOf(err)}, nil, nil
 		}
 		return rep, nil, nil
@@ -280,6 +305,19 @@ func (ss *session) handle(op abi.Op, body []byte, fds []int) (any, []int, error)
 		return &abi.ErrnoReply{Errno: abi.ErrnoOf(ss.destroy(op, r.Handle))}, nil, nil
 	}
 	return nil, nil, fmt.Errorf("%w: %v from a client", abi.ErrOp, op)
+}
+
+// errDescriptors is the error of a request with descriptors its op does
+// not take, or without the one it needs.
+var errDescriptors = errors.New("wrong number of descriptors")
+
+// fdsOf returns how many descriptors a request of op brings: reg-mr its
+// region's memfd, the others none.
+func fdsOf(op abi.Op) int {
+	if op == abi.OpRegMR {
+		return 1
+	}
+	return 0
 }
 
 // handle allocates the next object handle; ss.mu is held.
