@@ -36,6 +36,10 @@ func ParsePollMode(s string) (PollMode, error) { return poll.ParseMode(s) }
 type Options struct {
 	// Socket is the control socket (default control.DefaultSocket).
 	Socket string
+	// SocketMode and SocketGID give the socket file its permission bits
+	// and group (control.Config).
+	SocketMode os.FileMode
+	SocketGID  int
 	// Limits per client, and how the appliance waits for their posts and
 	// for its ports' frames.
 	Limits control.Limits
@@ -158,7 +162,7 @@ func New(opt Options) (*Appliance, error) {
 		defer close(a.loopDone)
 		a.loop.Run(ctx)
 	}()
-	a.ctrl = control.New(control.Config{Socket: opt.Socket, Limits: opt.Limits, Loop: a.loop, Logger: opt.Logger,
+	a.ctrl = control.New(control.Config{Socket: opt.Socket, SocketMode: opt.SocketMode, SocketGID: opt.SocketGID, Limits: opt.Limits, Loop: a.loop, Logger: opt.Logger,
 		PeerNetns: opt.PeerNetns, Linger: opt.Linger})
 	return a, nil
 }

@@ -23,6 +23,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/netip"
 	"path"
@@ -40,6 +41,17 @@ import (
 const (
 	// DefaultSocket is the control socket's path when the file gives none.
 	DefaultSocket = abi.DefaultSocket
+	// DefaultSocketMode is the control socket file's permission bits when
+	// the file gives none: every local user may connect, as every user
+	// may open /dev/infiniband/uverbs* where rdma-core is installed. Pods
+	// run as many users and reach the socket through the directory they
+	// mount, which is what decides who sees it; a client may open only
+	// its own network namespace's device, and the limits bound what any
+	// user can take.
+	DefaultSocketMode fs.FileMode = 0o666
+	// MaxGroupName bounds socket_group's name, as shadow's tools bound
+	// group names.
+	MaxGroupName = 32
 	// DefaultAdminSocket is the admin API socket's path when the file
 	// gives none.
 	DefaultAdminSocket = "/run/taproce/admin.sock"
@@ -136,6 +148,16 @@ type Config struct {
 	// Socket is the path of the control socket (a name starting with '@'
 	// is a Linux abstract socket).
 	Socket string
+	// SocketMode is the control socket file's permission bits, within
+	// 0600..0777: connecting needs write permission, and the owner (the
+	// appliance's user) must be able to, for the health check connects.
+	// An abstract socket has no file; it takes only DefaultSocketMode.
+	SocketMode fs.FileMode
+	// SocketGroup is the group the control socket file is given: a group
+	// name, or a numeric group ID (which works where the host has no name
+	// for the group pods are given); "" leaves the appliance's own. An
+	// abstract socket takes none.
+	SocketGroup string
 	// AdminSocket is the path of the admin API's socket, the one the CNI
 	// plugin calls; a file path, not an abstract socket, and not Socket.
 	AdminSocket string
@@ -236,6 +258,7 @@ type Impair struct {
 func Default() *Config {
 	return &Config{
 		Socket:         DefaultSocket,
+		SocketMode:     DefaultSocketMode,
 		AdminSocket:    DefaultAdminSocket,
 		MetricsAddress: DefaultMetricsAddress,
 		StateFile:      DefaultStateFile,
@@ -261,6 +284,9 @@ func DefaultPort() Port {
 func (c *Config) ApplyDefaults() {
 	if c.Socket == "" {
 		c.Socket = DefaultSocket
+	}
+	if c.SocketMode == 0 {
+		c.SocketMode = DefaultSocketMode
 	}
 	if c.AdminSocket == "" {
 		c.AdminSocket = DefaultAdminSocket
@@ -372,6 +398,7 @@ type lineFunc func(key string) int
 func (c *Config) validate(line lineFunc) []*Error {
 	v := validator{line: line}
 	socketOK := v.socket("socket", c.Socket)
+	v.socketAccess(c)
 	if v.socket("admin_socket", c.AdminSocket) {
 		switch {
 		case strings.HasPrefix(c.AdminSocket, "@"):
@@ -497,6 +524,61 @@ func (v *validator) socket(key, s string) bool {
 		return true
 	}
 	return false
+}
+
+// socketAccess checks the control socket's mode and group.
+func (v *validator) socketAccess(c *Config) {
+	abstract := strings.HasPrefix(c.Socket, "@")
+	switch {
+	case c.SocketMode&^fs.ModePerm != 0:
+		v.add("socket_mode", fmt.Sprintf("%#o has bits beyond the permission bits 0777", uint32(c.SocketMode)), nil)
+	case c.SocketMode&0o600 != 0o600:
+		v.add("socket_mode", fmt.Sprintf("%04o does not let the owner read and write; the appliance's health check connects as the owner", uint32(c.SocketMode)), nil)
+	case abstract && c.SocketMode != DefaultSocketMode:
+		v.add("socket_mode", fmt.Sprintf("the control socket %q is abstract: it has no file mode, and any process in the appliance's network namespace may connect", c.Socket), nil)
+	}
+	if c.SocketGroup == "" {
+		return
+	}
+	if abstract {
+		v.add("socket_group", fmt.Sprintf("the control socket %q is abstract: it has no file to give a group", c.Socket), nil)
+		return
+	}
+	if _, err := ParseGroup(c.SocketGroup); err != nil {
+		v.add("socket_group", err.Error(), err)
+	}
+}
+
+// ErrGroup is wrapped by the errors of ParseGroup.
+var ErrGroup = errors.New("not a group name or ID")
+
+// ParseGroup reads a group: a numeric group ID, returned as it is, or a
+// name — up to MaxGroupName bytes of letters, digits, '_', '.' and '-',
+// not starting with '-', optionally ending in '$' as shadow's tools allow
+// — for which it returns -1: looking names up is the caller's business.
+func ParseGroup(s string) (int64, error) {
+	if s != "" && strings.Trim(s, "0123456789") == "" {
+		n, err := strconv.ParseUint(s, 10, 32)
+		if err != nil || n == 1<<32-1 { // (gid_t)-1 means "unchanged" to chown
+			return 0, fmt.Errorf("%q: %w: group IDs are 0..4294967294", s, ErrGroup)
+		}
+		return int64(n), nil
+	}
+	name := strings.TrimSuffix(s, "$")
+	switch {
+	case name == "":
+		return 0, fmt.Errorf("%q: %w", s, ErrGroup)
+	case len(s) > MaxGroupName:
+		return 0, fmt.Errorf("%q is %d bytes long; group names have at most %d: %w", s, len(s), MaxGroupName, ErrGroup)
+	case name[0] == '-':
+		return 0, fmt.Errorf("%q starts with '-': %w", s, ErrGroup)
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '.' || c == '-') {
+			return 0, fmt.Errorf("%q contains %q; group names are letters, digits, '_', '.' and '-': %w", s, rune(c), ErrGroup)
+		}
+	}
+	return -1, nil
 }
 
 // address checks a TCP listening address, host:port with a numeric port;

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"math"
 	"net"
@@ -21,7 +22,7 @@ import (
 
 // The keys each table knows, for unknown-key messages.
 var (
-	topKeys = []string{"socket", "admin_socket", "metrics_address", "state_file", "log_level", "local_switch", "poll",
+	topKeys = []string{"socket", "socket_mode", "socket_group", "admin_socket", "metrics_address", "state_file", "log_level", "local_switch", "poll",
 		"procs", "cpus", "linger", "default_mtu", "limits", "port"}
 	limitsKeys = []string{"qps", "cqs", "srqs", "mrs", "pds", "ahs", "mr_bytes"}
 	portKeys   = []string{"namespace", "name", "mode", "mac", "addresses", "mtu", "impair"}
@@ -170,6 +171,24 @@ func (d *decoder) integer(key string, v any, dst *int, lo, hi int) {
 	}
 }
 
+// mode stores v into *dst if it is a file mode written as a string of
+// three or four octal digits, "0660" or "660" as chmod and systemd's
+// SocketMode take it. A TOML integer is refused: 0660 is not one, and
+// 0o660 reads back as 432 in every message.
+func (d *decoder) mode(key string, v any, dst *fs.FileMode) {
+	s, ok := v.(string)
+	if !ok {
+		d.fail(key, "want a string of octal digits such as \"0660\", not "+typeName(v), nil)
+		return
+	}
+	n, err := strconv.ParseUint(s, 8, 32)
+	if err != nil || len(s) < 3 || len(s) > 4 || len(s) == 4 && s[0] != '0' {
+		d.fail(key, fmt.Sprintf("%q is not a permission mode of octal digits such as \"0660\" (at most 0777)", s), nil)
+		return
+	}
+	*dst = fs.FileMode(n)
+}
+
 // duration stores v into *dst if it is a Go duration string.
 func (d *decoder) duration(key string, v any, dst *time.Duration) {
 	var s string
@@ -193,6 +212,10 @@ func (d *decoder) config(raw map[string]any) *Config {
 		switch k {
 		case "socket":
 			d.str(k, v, &c.Socket)
+		case "socket_mode":
+			d.mode(k, v, &c.SocketMode)
+		case "socket_group":
+			d.str(k, v, &c.SocketGroup)
 		case "admin_socket":
 			d.str(k, v, &c.AdminSocket)
 		case "metrics_address":

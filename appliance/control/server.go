@@ -20,6 +20,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -79,10 +80,23 @@ func (l Limits) withDefaults() Limits {
 	return l
 }
 
+// DefaultSocketMode is the socket file's permission bits unless
+// configured: every local user may connect, as every user may open a
+// uverbs device where rdma-core is installed; a client may open only its
+// own network namespace's device, and the limits bound what it may take.
+const DefaultSocketMode os.FileMode = 0o666
+
 // Config describes a control server.
 type Config struct {
-	// Socket is the path to listen on (default DefaultSocket).
+	// Socket is the path to listen on (default DefaultSocket); a name
+	// starting with '@' is an abstract socket, which has no file.
 	Socket string
+	// SocketMode is the socket file's permission bits (default
+	// DefaultSocketMode): connecting takes write permission.
+	SocketMode os.FileMode
+	// SocketGID, when positive, is the group the socket file is given;
+	// 0 leaves the group it was made with, the appliance's own.
+	SocketGID int
 	// Limits per client.
 	Limits Limits
 	// Loop drains every client's rings in its passes: the appliance's
@@ -126,6 +140,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.Linger == 0 {
 		cfg.Linger = 30 * time.Second
+	}
+	if cfg.SocketMode == 0 {
+		cfg.SocketMode = DefaultSocketMode
 	}
 	cfg.Limits = cfg.Limits.withDefaults()
 	return &Server{cfg: cfg, log: cfg.Logger.With("component", "control"), devices: map[string]*Device{}, sessions: map[*session]struct{}{}}
@@ -242,25 +259,51 @@ func (s *Server) Stats() Stats {
 }
 
 // Listen opens the socket: its directory is created, a stale socket file
-// replaced, and the socket made accessible to every local user (access to
-// devices is decided by namespace, not by file mode).
+// replaced, and the file given the configured group and mode (an
+// abstract socket has no file: any process of the appliance's network
+// namespace may connect to it).
 func (s *Server) Listen() error {
-	if err := os.MkdirAll(filepath.Dir(s.cfg.Socket), 0o755); err != nil {
-		return fmt.Errorf("control: %w", err)
+	path := s.cfg.Socket
+	abstract := strings.HasPrefix(path, "@")
+	if !abstract {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return fmt.Errorf("control: %w", err)
+		}
 	}
-	if c, err := net.Dial("unixpacket", s.cfg.Socket); err == nil {
+	if c, err := net.Dial("unixpacket", path); err == nil {
 		c.Close()
-		return fmt.Errorf("control: %s: another appliance is serving it", s.cfg.Socket)
+		return fmt.Errorf("control: %s: another appliance is serving it", path)
 	}
-	_ = os.Remove(s.cfg.Socket)
-	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: s.cfg.Socket, Net: "unixpacket"})
+	if !abstract {
+		_ = os.Remove(path)
+	}
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
 	if err != nil {
 		return fmt.Errorf("control: listen: %w", err)
 	}
-	_ = os.Chmod(s.cfg.Socket, 0o666)
+	if !abstract {
+		if err := s.setAccess(path); err != nil {
+			ln.Close() // and the file with it
+			return fmt.Errorf("control: %s: %w", path, err)
+		}
+	}
 	s.mu.Lock()
 	s.ln = ln
 	s.mu.Unlock()
+	return nil
+}
+
+// setAccess gives the socket file its group, then its mode: a group
+// member cannot connect before the mode lets it.
+func (s *Server) setAccess(path string) error {
+	if s.cfg.SocketGID > 0 {
+		if err := os.Lchown(path, -1, s.cfg.SocketGID); err != nil {
+			return fmt.Errorf("socket group: %w", err)
+		}
+	}
+	if err := os.Chmod(path, s.cfg.SocketMode); err != nil {
+		return fmt.Errorf("socket mode: %w", err)
+	}
 	return nil
 }
 

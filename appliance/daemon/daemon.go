@@ -19,7 +19,9 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/user"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -110,6 +112,38 @@ func limits(l config.Limits) control.Limits {
 	return control.Limits{QPs: l.QPs, CQs: l.CQs, SRQs: l.SRQs, MRs: l.MRs, PDs: l.PDs, AHs: l.AHs, MRBytes: l.MRBytes}
 }
 
+// ErrNoGroup is the error of a socket_group this host does not know.
+var ErrNoGroup = errors.New("no such group")
+
+// socketGID returns the group ID socket_group names: its number, or the
+// ID of the group of that name on this host (in a container, the image's
+// /etc/group: hence numeric IDs for pods' supplemental groups); 0 for "",
+// which leaves the socket the appliance's group.
+func socketGID(group string) (int, error) {
+	if group == "" {
+		return 0, nil
+	}
+	gid, err := config.ParseGroup(group)
+	if err != nil {
+		return 0, fmt.Errorf("socket_group: %w", err)
+	}
+	if gid < 0 {
+		g, err := user.LookupGroup(group)
+		if err != nil {
+			return 0, fmt.Errorf("socket_group %q: %w (%w)", group, ErrNoGroup, err)
+		}
+		if gid, err = strconv.ParseInt(g.Gid, 10, 64); err != nil {
+			return 0, fmt.Errorf("socket_group %q: group ID %q: %w", group, g.Gid, err)
+		}
+	}
+	// The control server gives the socket a positive group; group 0 is
+	// what an appliance running as root's group gives it anyway.
+	if gid == 0 && os.Getegid() != 0 {
+		return 0, fmt.Errorf("socket_group %q is group 0, and the appliance runs as group %d", group, os.Getegid())
+	}
+	return int(gid), nil
+}
+
 // Start validates cfg, binds the control socket, the admin socket and the
 // metrics address (failing when another appliance serves a socket), opens
 // the static ports, recovers the attachments of an earlier run, and starts
@@ -135,8 +169,14 @@ func start(ctx context.Context, cfg *config.Config, poll appliance.PollMode, log
 		},
 		DisableKeepAlives: true,
 	}}}
+	gid, err := socketGID(cfg.SocketGroup)
+	if err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
 	if d.app, err = appliance.New(appliance.Options{
 		Socket:      cfg.Socket,
+		SocketMode:  cfg.SocketMode,
+		SocketGID:   gid,
 		Limits:      limits(cfg.Limits),
 		Poll:        poll,
 		LocalSwitch: cfg.LocalSwitch,

@@ -11,10 +11,12 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -429,6 +431,51 @@ func TestStartFailures(t *testing.T) {
 			t.Fatal("the first port's TAP outlived the failed start")
 		}
 	})
+}
+
+// TestSocketAccess: the control socket's file gets the configured mode
+// and group, by name or by ID; a group the host does not know keeps the
+// daemon from starting, leaving nothing behind.
+func TestSocketAccess(t *testing.T) {
+	testnet.RequireRoot(t)
+	nogroup, err := user.LookupGroupId("65534")
+	if err != nil {
+		t.Skipf("no group 65534 to give the socket: %v", err)
+	}
+	for _, c := range []struct {
+		name  string
+		mode  os.FileMode
+		group string
+		gid   uint32
+	}{
+		{"default", config.DefaultSocketMode, "", 0},
+		{"owner only", 0o600, "", 0},
+		{"group by name", 0o660, nogroup.Name, 65534},
+		{"group by ID", 0o660, "65534", 65534},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := testConfig(t.TempDir())
+			cfg.SocketMode, cfg.SocketGroup = c.mode, c.group
+			r := start(t, cfg)
+			fi, err := os.Stat(cfg.Socket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi.Mode().Perm() != c.mode || fi.Sys().(*syscall.Stat_t).Gid != c.gid {
+				t.Errorf("socket %v group %d, want %v group %d", fi.Mode(), fi.Sys().(*syscall.Stat_t).Gid, c.mode, c.gid)
+			}
+			if code, body := r.get(t, "/healthz"); code != 200 {
+				t.Errorf("healthz: %d %s", code, body)
+			}
+		})
+	}
+	cfg := testConfig(t.TempDir())
+	cfg.SocketGroup = "tpt-no-such-group"
+	_, err = daemon.Start(context.Background(), cfg, quietLogger())
+	if !errors.Is(err, daemon.ErrNoGroup) || !strings.Contains(err.Error(), `socket_group "tpt-no-such-group"`) {
+		t.Fatalf("unknown group: %v", err)
+	}
+	gone(t, cfg.Socket, cfg.AdminSocket)
 }
 
 // transferSize is what TestTransferMetrics writes from pod to pod.

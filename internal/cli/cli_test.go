@@ -145,6 +145,25 @@ func TestConfigCommandPlacement(t *testing.T) {
 	}
 }
 
+// TestConfigCommandSocketAccess: `taproce config` shows who may connect
+// to the control socket.
+func TestConfigCommandSocketAccess(t *testing.T) {
+	for _, c := range []struct{ text, want string }{
+		{"", "mode 0666, the appliance's group"},
+		{"socket_mode = \"0660\"\nsocket_group = \"2000\"\n", "mode 0660, group 2000"},
+		{"socket = \"@taproce\"\n", "abstract: any process in the appliance's network namespace"},
+	} {
+		path := filepath.Join(t.TempDir(), "s.toml")
+		if err := os.WriteFile(path, []byte(c.text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		code, out, errOut := runCmd("config", path)
+		if want := "  socket access    " + c.want + "\n"; code != 0 || !strings.Contains(out, want) {
+			t.Errorf("%q: exit %d, no %q in\n%s%s", c.text, code, want, out, errOut)
+		}
+	}
+}
+
 // TestLabFlags: a bad --cpus or --procs is a usage error, named, before
 // anything is built.
 func TestLabFlags(t *testing.T) {

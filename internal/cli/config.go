@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/taproce/taproce/config"
 )
@@ -52,6 +53,7 @@ func printConfig(w io.Writer, c *config.Config) {
 	}
 	l := c.Limits
 	fmt.Fprintf(w, "  control socket   %s\n", c.Socket)
+	fmt.Fprintf(w, "  socket access    %s\n", socketAccess(c))
 	fmt.Fprintf(w, "  admin socket     %s\n", c.AdminSocket)
 	fmt.Fprintf(w, "  metrics          %s\n", orOff(c.MetricsAddress, " (/metrics, /healthz)"))
 	fmt.Fprintf(w, "  state file       %s\n", orOff(c.StateFile, ""))
@@ -84,6 +86,18 @@ func printConfig(w io.Writer, c *config.Config) {
 		}
 		fmt.Fprintln(w)
 	}
+}
+
+// socketAccess says who may connect to the control socket.
+func socketAccess(c *config.Config) string {
+	if strings.HasPrefix(c.Socket, "@") {
+		return "abstract: any process in the appliance's network namespace"
+	}
+	group := "the appliance's group"
+	if c.SocketGroup != "" {
+		group = "group " + c.SocketGroup
+	}
+	return fmt.Sprintf("mode %04o, %s", uint32(c.SocketMode), group)
 }
 
 // byteSize writes n bytes in the largest binary unit that divides it.
