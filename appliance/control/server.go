@@ -99,6 +99,11 @@ type Config struct {
 	SocketGID int
 	// Limits per client.
 	Limits Limits
+	// ReplyTimeout bounds how long a reply or an event waits for room in
+	// the client's socket (default DefaultReplyTimeout): a client that
+	// leaves them unread is disconnected, where it held the session's
+	// memory and goroutines for as long as it liked.
+	ReplyTimeout time.Duration
 	// Loop drains every client's rings in its passes: the appliance's
 	// one polling loop, which reads its ports too — spinning, or blocking
 	// on the clients' doorbells as well as the ports (poll.New). Required.
@@ -144,9 +149,15 @@ func New(cfg Config) *Server {
 	if cfg.SocketMode == 0 {
 		cfg.SocketMode = DefaultSocketMode
 	}
+	if cfg.ReplyTimeout <= 0 {
+		cfg.ReplyTimeout = DefaultReplyTimeout
+	}
 	cfg.Limits = cfg.Limits.withDefaults()
 	return &Server{cfg: cfg, log: cfg.Logger.With("component", "control"), devices: map[string]*Device{}, sessions: map[*session]struct{}{}}
 }
+
+// DefaultReplyTimeout is Config.ReplyTimeout unless configured.
+const DefaultReplyTimeout = 10 * time.Second
 
 // ProcNetns returns the inode of process pid's network namespace.
 func ProcNetns(pid int32) (uint64, error) {

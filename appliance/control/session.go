@@ -2,13 +2,16 @@ package control
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/taproce/taproce/appliance/transport"
 	"github.com/taproce/taproce/shmem"
@@ -23,7 +26,8 @@ type session struct {
 	netns uint64
 	log   *slog.Logger
 
-	wmu sync.Mutex // serialises writes to conn
+	wmu     sync.Mutex   // serialises writes to conn
+	pending atomic.Int32 // events on their way to the client
 
 	mu      sync.Mutex
 	dev     *Device
@@ -84,13 +88,35 @@ func (s *Server) newSessionFor(c *net.UnixConn, ns uint64) (*session, error) {
 // waits for ss.mu.
 func (ss *session) device() *Device { return ss.opened.Load() }
 
+// requestBuf holds the largest request: each session reads into a
+// buffer of its own, and one of abi.MaxMessage (64 KiB) made a thousand
+// idle connections cost 64 MiB. A longer message is malformed
+// (shmem.ErrTruncated) and ends the session.
+var requestBuf = abi.HeaderLen + maxSize(&abi.OpenRequest{}, &abi.RegMRRequest{}, &abi.CreateCQRequest{},
+	&abi.CreateQPRequest{}, &abi.ModifyQPRequest{}, &abi.HandleRequest{}, &abi.CreateSRQRequest{},
+	&abi.ModifySRQRequest{}, &abi.CreateAHRequest{})
+
+// maxSize returns the largest encoded size of vs.
+func maxSize(vs ...any) int {
+	n := 0
+	for _, v := range vs {
+		n = max(n, binary.Size(v))
+	}
+	return n
+}
+
+// maxRequestFds is the most descriptors a request may bring; more end
+// the session (shmem.ErrTruncated), and the kernel closes what did not
+// fit.
+const maxRequestFds = 4
+
 // run serves the client's requests until it goes, then destroys its
 // objects.
 func (ss *session) run() {
 	defer ss.teardown()
-	buf := make([]byte, abi.MaxMessage)
+	buf := make([]byte, requestBuf)
 	for {
-		n, fds, err := shmem.RecvMsg(ss.conn, buf, 4)
+		n, fds, err := shmem.RecvMsg(ss.conn, buf, maxRequestFds)
 		if err != nil {
 			if !errors.Is(err, net.ErrClosed) {
 				ss.log.Debug("client gone", "err", err)
@@ -124,18 +150,43 @@ func (ss *session) run() {
 	}
 }
 
+// send sends a message within the reply timeout. A client that leaves
+// its replies unread for that long is disconnected: its session would
+// otherwise hold a reply, a goroutine and its objects for as long as it
+// liked.
 func (ss *session) send(msg []byte, fds ...int) error {
 	ss.wmu.Lock()
 	defer ss.wmu.Unlock()
-	return shmem.SendMsg(ss.conn, msg, fds...)
+	_ = ss.conn.SetWriteDeadline(time.Now().Add(ss.srv.cfg.ReplyTimeout))
+	err := shmem.SendMsg(ss.conn, msg, fds...)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		ss.log.Warn("client left its replies unread; disconnected", "timeout", ss.srv.cfg.ReplyTimeout)
+		ss.conn.Close() // ends run, which tears the session down
+	}
+	return err
 }
+
+// maxPendingEvents bounds the events on their way to one client; a
+// client that lets more pile up is not reading them, and is
+// disconnected.
+const maxPendingEvents = 64
 
 // event sends an asynchronous event; a client that is gone misses it.
 func (ss *session) event(typ uint32, h abi.Handle) {
 	msg, err := abi.Encode(nil, abi.Header{Op: abi.OpEvent, Flags: abi.FlagEvent}, &abi.Event{Type: typ, Handle: h, Port: 1})
-	if err == nil {
-		go func() { _ = ss.send(msg) }() // never block an engine callback on the socket
+	if err != nil {
+		return
 	}
+	if ss.pending.Add(1) > maxPendingEvents {
+		ss.pending.Add(-1)
+		ss.log.Warn("client left its events unread; disconnected", "events", maxPendingEvents)
+		ss.conn.Close()
+		return
+	}
+	go func() { // never block an engine callback on the socket
+		defer ss.pending.Add(-1)
+		_ = ss.send(msg)
+	}()
 }
 
 func closeFds(fds []int) {
