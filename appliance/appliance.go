@@ -40,10 +40,12 @@ type Options struct {
 	// and group (control.Config).
 	SocketMode os.FileMode
 	SocketGID  int
-	// Limits per client, and how the appliance waits for their posts and
-	// for its ports' frames.
-	Limits control.Limits
-	Poll   PollMode
+	// Limits per client, and of all clients together (control.Config),
+	// and how the appliance waits for their posts and for its ports'
+	// frames.
+	Limits          control.Limits
+	ApplianceLimits control.ApplianceLimits
+	Poll            PollMode
 	// LocalSwitch lets traffic between the appliance's own ports cross in
 	// memory instead of through their TAPs.
 	LocalSwitch bool
@@ -162,7 +164,8 @@ func New(opt Options) (*Appliance, error) {
 		defer close(a.loopDone)
 		a.loop.Run(ctx)
 	}()
-	a.ctrl = control.New(control.Config{Socket: opt.Socket, SocketMode: opt.SocketMode, SocketGID: opt.SocketGID, Limits: opt.Limits, Loop: a.loop, Logger: opt.Logger,
+	a.ctrl = control.New(control.Config{Socket: opt.Socket, SocketMode: opt.SocketMode, SocketGID: opt.SocketGID, Limits: opt.Limits,
+		ApplianceLimits: opt.ApplianceLimits, Loop: a.loop, Logger: opt.Logger,
 		PeerNetns: opt.PeerNetns, Linger: opt.Linger})
 	return a, nil
 }

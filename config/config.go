@@ -96,13 +96,30 @@ const (
 
 // Default per-client limits, those of the control server.
 const (
-	DefaultQPs     = 1024
-	DefaultCQs     = 1024
-	DefaultSRQs    = 256
-	DefaultMRs     = 4096
-	DefaultPDs     = 256
-	DefaultAHs     = 4096
-	DefaultMRBytes = 16 << 30
+	DefaultQPs      = 1024
+	DefaultCQs      = 1024
+	DefaultSRQs     = 256
+	DefaultMRs      = 4096
+	DefaultPDs      = 256
+	DefaultAHs      = 4096
+	DefaultChannels = 1024
+	DefaultMRBytes  = 16 << 30
+)
+
+// Default appliance-wide limits, those of the control server; their
+// descriptors are left to RLIMIT_NOFILE.
+const (
+	DefaultApplianceQPs      = 16384
+	DefaultApplianceCQs      = 16384
+	DefaultApplianceSRQs     = 4096
+	DefaultApplianceMRs      = 65536
+	DefaultAppliancePDs      = 16384
+	DefaultApplianceAHs      = 65536
+	DefaultApplianceChannels = 16384
+	DefaultApplianceMRBytes  = 1 << 40
+	DefaultConnections       = 4096
+	DefaultConnectionsPerUID = 2048
+	MinDescriptors           = 16
 )
 
 // Poll modes; see Config.Poll. They are the names the appliance's
@@ -195,6 +212,9 @@ type Config struct {
 	CPUs string
 	// Limits bound what one client may hold.
 	Limits Limits
+	// ApplianceLimits bound what all clients together may hold, and how
+	// many may be connected.
+	ApplianceLimits ApplianceLimits
 	// Linger is how long a connected RC queue pair keeps answering its
 	// peer after its client destroyed it or died: a retransmission of what
 	// it executed is acknowledged again, anything else NAKed; positive.
@@ -212,13 +232,42 @@ type Config struct {
 // at most MaxLimit.
 type Limits struct {
 	QPs, CQs, SRQs, MRs, PDs, AHs int
+	// Channels are completion channels.
+	Channels int
 	// MRBytes bounds the bytes of all the client's memory regions.
 	MRBytes int64
 }
 
 // DefaultLimits returns the limits of an empty [limits] table.
 func DefaultLimits() Limits {
-	return Limits{QPs: DefaultQPs, CQs: DefaultCQs, SRQs: DefaultSRQs, MRs: DefaultMRs, PDs: DefaultPDs, AHs: DefaultAHs, MRBytes: DefaultMRBytes}
+	return Limits{QPs: DefaultQPs, CQs: DefaultCQs, SRQs: DefaultSRQs, MRs: DefaultMRs, PDs: DefaultPDs, AHs: DefaultAHs,
+		Channels: DefaultChannels, MRBytes: DefaultMRBytes}
+}
+
+// ApplianceLimits bound what all clients together may hold, so that
+// clients each within their Limits cannot together exhaust the appliance,
+// and how many may be connected. Each count is 1..MaxLimit.
+type ApplianceLimits struct {
+	// Limits bound the objects of all clients together.
+	Limits
+	// Connections bounds the clients connected at once, and
+	// ConnectionsPerUID those of one user, so that one user's flood of
+	// connections leaves room for the others.
+	Connections, ConnectionsPerUID int
+	// Descriptors bounds the descriptors the appliance holds for clients
+	// (their sockets, doorbells, completion channels and the memfds of
+	// their rings and memory regions): MinDescriptors..MaxLimit, or 0 for
+	// three quarters of the process's RLIMIT_NOFILE, the rest being the
+	// appliance's own.
+	Descriptors int
+}
+
+// DefaultApplianceLimits returns the limits of an empty
+// [appliance_limits] table.
+func DefaultApplianceLimits() ApplianceLimits {
+	return ApplianceLimits{Limits: Limits{QPs: DefaultApplianceQPs, CQs: DefaultApplianceCQs, SRQs: DefaultApplianceSRQs,
+		MRs: DefaultApplianceMRs, PDs: DefaultAppliancePDs, AHs: DefaultApplianceAHs, Channels: DefaultApplianceChannels,
+		MRBytes: DefaultApplianceMRBytes}, Connections: DefaultConnections, ConnectionsPerUID: DefaultConnectionsPerUID}
 }
 
 // Port is one TAP device in one network namespace and the RoCE endpoint
@@ -257,17 +306,18 @@ type Impair struct {
 // ports.
 func Default() *Config {
 	return &Config{
-		Socket:         DefaultSocket,
-		SocketMode:     DefaultSocketMode,
-		AdminSocket:    DefaultAdminSocket,
-		MetricsAddress: DefaultMetricsAddress,
-		StateFile:      DefaultStateFile,
-		LogLevel:       DefaultLogLevel,
-		LocalSwitch:    true,
-		Poll:           DefaultPoll,
-		Limits:         DefaultLimits(),
-		Linger:         DefaultLinger,
-		DefaultMTU:     DefaultMTU,
+		Socket:          DefaultSocket,
+		SocketMode:      DefaultSocketMode,
+		AdminSocket:     DefaultAdminSocket,
+		MetricsAddress:  DefaultMetricsAddress,
+		StateFile:       DefaultStateFile,
+		LogLevel:        DefaultLogLevel,
+		LocalSwitch:     true,
+		Poll:            DefaultPoll,
+		Limits:          DefaultLimits(),
+		ApplianceLimits: DefaultApplianceLimits(),
+		Linger:          DefaultLinger,
+		DefaultMTU:      DefaultMTU,
 	}
 }
 
@@ -297,17 +347,14 @@ func (c *Config) ApplyDefaults() {
 	if c.Poll == "" {
 		c.Poll = DefaultPoll
 	}
-	def := DefaultLimits()
-	for _, f := range []struct{ v, d *int }{
-		{&c.Limits.QPs, &def.QPs}, {&c.Limits.CQs, &def.CQs}, {&c.Limits.SRQs, &def.SRQs},
-		{&c.Limits.MRs, &def.MRs}, {&c.Limits.PDs, &def.PDs}, {&c.Limits.AHs, &def.AHs},
-	} {
-		if *f.v == 0 {
-			*f.v = *f.d
-		}
+	c.Limits.applyDefaults(DefaultLimits())
+	all := DefaultApplianceLimits()
+	c.ApplianceLimits.applyDefaults(all.Limits)
+	if c.ApplianceLimits.Connections == 0 {
+		c.ApplianceLimits.Connections = all.Connections
 	}
-	if c.Limits.MRBytes == 0 {
-		c.Limits.MRBytes = def.MRBytes
+	if c.ApplianceLimits.ConnectionsPerUID == 0 {
+		c.ApplianceLimits.ConnectionsPerUID = all.ConnectionsPerUID
 	}
 	if c.Linger == 0 {
 		c.Linger = DefaultLinger
@@ -326,6 +373,21 @@ func (c *Config) ApplyDefaults() {
 		if p.MTU == 0 {
 			p.MTU = c.DefaultMTU
 		}
+	}
+}
+
+// applyDefaults fills l's zero fields from def.
+func (l *Limits) applyDefaults(def Limits) {
+	for _, f := range []struct{ v, d *int }{
+		{&l.QPs, &def.QPs}, {&l.CQs, &def.CQs}, {&l.SRQs, &def.SRQs}, {&l.MRs, &def.MRs},
+		{&l.PDs, &def.PDs}, {&l.AHs, &def.AHs}, {&l.Channels, &def.Channels},
+	} {
+		if *f.v == 0 {
+			*f.v = *f.d
+		}
+	}
+	if l.MRBytes == 0 {
+		l.MRBytes = def.MRBytes
 	}
 }
 
@@ -430,19 +492,13 @@ func (c *Config) validate(line lineFunc) []*Error {
 	default:
 		v.add("poll", fmt.Sprintf("%q is not one of %s, %s, %s", c.Poll, PollAdaptive, PollBlock, PollSpin), nil)
 	}
-	for _, l := range []struct {
-		key string
-		n   int
-	}{
-		{"limits.qps", c.Limits.QPs}, {"limits.cqs", c.Limits.CQs}, {"limits.srqs", c.Limits.SRQs},
-		{"limits.mrs", c.Limits.MRs}, {"limits.pds", c.Limits.PDs}, {"limits.ahs", c.Limits.AHs},
-	} {
-		if l.n < 1 || l.n > MaxLimit {
-			v.add(l.key, fmt.Sprintf("%d is outside 1..%d", l.n, MaxLimit), nil)
-		}
-	}
-	if c.Limits.MRBytes < 1 {
-		v.add("limits.mr_bytes", fmt.Sprintf("%d is not a positive number of bytes", c.Limits.MRBytes), nil)
+	v.limits("limits", &c.Limits)
+	a := &c.ApplianceLimits
+	v.limits("appliance_limits", &a.Limits)
+	v.count("appliance_limits.connections", a.Connections)
+	v.count("appliance_limits.connections_per_uid", a.ConnectionsPerUID)
+	if d := a.Descriptors; d != 0 && (d < MinDescriptors || d > MaxLimit) {
+		v.add("appliance_limits.descriptors", fmt.Sprintf("%d is outside %d..%d (or 0: three quarters of RLIMIT_NOFILE)", d, MinDescriptors, MaxLimit), nil)
 	}
 	if c.Procs < 0 || c.Procs > MaxProcs {
 		v.add("procs", fmt.Sprintf("%d is outside 0..%d", c.Procs, MaxProcs), nil)
@@ -524,6 +580,28 @@ func (v *validator) socket(key, s string) bool {
 		return true
 	}
 	return false
+}
+
+// limits checks the limits of the table at key.
+func (v *validator) limits(key string, l *Limits) {
+	for _, x := range []struct {
+		key string
+		n   int
+	}{
+		{"qps", l.QPs}, {"cqs", l.CQs}, {"srqs", l.SRQs}, {"mrs", l.MRs}, {"pds", l.PDs}, {"ahs", l.AHs}, {"channels", l.Channels},
+	} {
+		v.count(key+"."+x.key, x.n)
+	}
+	if l.MRBytes < 1 {
+		v.add(key+".mr_bytes", fmt.Sprintf("%d is not a positive number of bytes", l.MRBytes), nil)
+	}
+}
+
+// count checks a limit's count, 1..MaxLimit.
+func (v *validator) count(key string, n int) {
+	if n < 1 || n > MaxLimit {
+		v.add(key, fmt.Sprintf("%d is outside 1..%d", n, MaxLimit), nil)
+	}
 }
 
 // socketAccess checks the control socket's mode and group.

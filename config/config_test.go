@@ -111,7 +111,21 @@ srqs = 1
 mrs = 64
 pds = 2
 ahs = 8
+channels = 4
 mr_bytes = 1048576
+
+[appliance_limits]
+qps = 160
+cqs = 320
+srqs = 10
+mrs = 640
+pds = 20
+ahs = 80
+channels = 40
+mr_bytes = "1GiB"
+connections = 100
+connections_per_uid = 10
+descriptors = 5000
 
 [[port]]
 namespace = "/proc/123/ns/net"
@@ -125,7 +139,9 @@ egress = "loss=1%,seed=7"
 ingress = "delay=200us"
 `), &Config{Socket: "/run/t.sock", SocketMode: 0o660, SocketGroup: "rdma", AdminSocket: "/run/t-admin.sock", MetricsAddress: "[::1]:9100",
 			StateFile: "/var/lib/taproce/state.json", LogLevel: "warn", LocalSwitch: false, Poll: "spin", Procs: 3,
-			Limits: Limits{QPs: 16, CQs: 32, SRQs: 1, MRs: 64, PDs: 2, AHs: 8, MRBytes: 1 << 20},
+			Limits: Limits{QPs: 16, CQs: 32, SRQs: 1, MRs: 64, PDs: 2, AHs: 8, Channels: 4, MRBytes: 1 << 20},
+			ApplianceLimits: ApplianceLimits{Limits: Limits{QPs: 160, CQs: 320, SRQs: 10, MRs: 640, PDs: 20, AHs: 80, Channels: 40, MRBytes: 1 << 30},
+				Connections: 100, ConnectionsPerUID: 10, Descriptors: 5000},
 			Linger: 150 * time.Second, DefaultMTU: 9000, Ports: []Port{{
 				Namespace: "/proc/123/ns/net",
 				Name:      "rxe-peer_0",
@@ -238,6 +254,14 @@ addresses = ["10.0.0.2/8"]
 		{"limit sizes", "limits = {mr_bytes = \"3KiB\", ahs = 16777215}", mod(func(c *Config) { c.Limits.MRBytes, c.Limits.AHs = 3<<10, MaxLimit })},
 		{"limit bytes", "limits.mr_bytes = \"16B\"", mod(func(c *Config) { c.Limits.MRBytes = 16 })},
 		{"limit TiB", "limits.mr_bytes = \"1TiB\"", mod(func(c *Config) { c.Limits.MRBytes = 1 << 40 })},
+		{"some appliance limits", "[appliance_limits]\nconnections = 8\nqps = 2\n", mod(func(c *Config) {
+			c.ApplianceLimits.Connections, c.ApplianceLimits.QPs = 8, 2
+		})},
+		{"appliance limits beside the client's", "[limits]\nchannels = 2\n[appliance_limits]\nchannels = 3\nconnections_per_uid = 1\n", mod(func(c *Config) {
+			c.Limits.Channels, c.ApplianceLimits.Channels, c.ApplianceLimits.ConnectionsPerUID = 2, 3, 1
+		})},
+		{"descriptors from RLIMIT_NOFILE", "appliance_limits.descriptors = 0", Default()},
+		{"fewest descriptors", "appliance_limits.descriptors = 16", mod(func(c *Config) { c.ApplianceLimits.Descriptors = 16 })},
 		{"socket mode of three digits", `socket_mode = "600"`, mod(func(c *Config) { c.SocketMode = 0o600 })},
 		{"socket mode for all", `socket_mode = "0777"`, mod(func(c *Config) { c.SocketMode = 0o777 })},
 		{"socket group ID", "socket_mode = \"0660\"\nsocket_group = \"2000\"\n", mod(func(c *Config) { c.SocketMode, c.SocketGroup = 0o660, "2000" })},
@@ -445,6 +469,43 @@ namespace = "a"
 		{"mr_bytes overflow", "[limits]\nmr_bytes = \"9000000TiB\"\n", []string{`x.toml:2: limits.mr_bytes: "9000000TiB" is more than 9223372036854775807 bytes`}},
 		{"mr_bytes negative", "[limits]\nmr_bytes = -5\n", []string{"x.toml:2: limits.mr_bytes: -5 is not a positive number of bytes"}},
 		{"mr_bytes type", "[limits]\nmr_bytes = true\n", []string{`x.toml:2: limits.mr_bytes: want an integer or a size such as "16GiB", not a boolean`}},
+		{"channels", "[limits]\nchannels = 0\n", []string{"x.toml:2: limits.channels: 0 is outside 1..16777215"}},
+		{"appliance limits is not a table", `appliance_limits = "all"`, []string{"x.toml:1: appliance_limits: want a table ([appliance_limits]), not a string"}},
+		{"unknown appliance limit", "[appliance_limits]\nconnection = 5\nconnections_per_user = 1\n", []string{
+			`x.toml:2: appliance_limits.connection: unknown key (did you mean "connections"?)`,
+			"x.toml:3: appliance_limits.connections_per_user: unknown key",
+		}},
+		{"connections limits per client", "[limits]\nconnections = 5\n", []string{`x.toml:2: limits.connections: unknown key`}},
+		{"zero and negative appliance limits", doc(`
+[appliance_limits]
+qps = 0
+cqs = -1
+srqs = 16777216
+mrs = 0
+pds = 0
+ahs = 0
+channels = 0
+mr_bytes = 0
+connections = 0
+connections_per_uid = -2
+descriptors = 15
+`), []string{
+			"x.toml:2: appliance_limits.qps: 0 is outside 1..16777215",
+			"x.toml:3: appliance_limits.cqs: -1 is outside 1..16777215",
+			"x.toml:4: appliance_limits.srqs: 16777216 is outside 1..16777215",
+			"x.toml:5: appliance_limits.mrs: 0 is outside 1..16777215",
+			"x.toml:6: appliance_limits.pds: 0 is outside 1..16777215",
+			"x.toml:7: appliance_limits.ahs: 0 is outside 1..16777215",
+			"x.toml:8: appliance_limits.channels: 0 is outside 1..16777215",
+			"x.toml:9: appliance_limits.mr_bytes: 0 is not a positive number of bytes",
+			"x.toml:10: appliance_limits.connections: 0 is outside 1..16777215",
+			"x.toml:11: appliance_limits.connections_per_uid: -2 is outside 1..16777215",
+			"x.toml:12: appliance_limits.descriptors: 15 is outside 16..16777215 (or 0: three quarters of RLIMIT_NOFILE)",
+		}},
+		{"appliance limit type", "[appliance_limits]\nconnections = \"many\"\nmr_bytes = \"1 GB\"\n", []string{
+			"x.toml:2: appliance_limits.connections: want an integer, not a string",
+			`x.toml:3: appliance_limits.mr_bytes: "1 GB" is not a size`,
+		}},
 
 		// Namespace.
 		{"missing namespace", "[[port]]\naddresses = [\"10.0.0.1/8\"]\n", []string{
@@ -698,7 +759,7 @@ func TestExampleFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, keys := range [][]string{topKeys, limitsKeys, portKeys, impairKeys} {
+	for _, keys := range [][]string{topKeys, limitsKeys, applianceLimitsKeys, portKeys, impairKeys} {
 		for _, k := range keys {
 			if !strings.Contains(string(data), "\n"+k+" = ") && !strings.Contains(string(data), "[port."+k+"]") &&
 				!strings.Contains(string(data), "[["+k+"]]") && !strings.Contains(string(data), "\n["+k+"]") {
@@ -759,7 +820,18 @@ func TestValidate(t *testing.T) {
 			"limits.mrs: 0 is outside 1..16777215",
 			"limits.pds: 0 is outside 1..16777215",
 			"limits.ahs: 0 is outside 1..16777215",
+			"limits.channels: 0 is outside 1..16777215",
 			"limits.mr_bytes: 0 is not a positive number of bytes",
+			"appliance_limits.qps: 0 is outside 1..16777215",
+			"appliance_limits.cqs: 0 is outside 1..16777215",
+			"appliance_limits.srqs: 0 is outside 1..16777215",
+			"appliance_limits.mrs: 0 is outside 1..16777215",
+			"appliance_limits.pds: 0 is outside 1..16777215",
+			"appliance_limits.ahs: 0 is outside 1..16777215",
+			"appliance_limits.channels: 0 is outside 1..16777215",
+			"appliance_limits.mr_bytes: 0 is not a positive number of bytes",
+			"appliance_limits.connections: 0 is outside 1..16777215",
+			"appliance_limits.connections_per_uid: 0 is outside 1..16777215",
 			"linger: 0s is not a positive duration",
 			"default_mtu: 0 is outside 576..9216",
 		}},
@@ -840,7 +912,7 @@ func TestApplyDefaults(t *testing.T) {
 	c := &Config{Ports: []Port{{Namespace: "a"}, {Namespace: "b", Name: "x", Mode: "redirect", MTU: 9000}}}
 	c.ApplyDefaults()
 	want := &Config{Socket: DefaultSocket, SocketMode: DefaultSocketMode, AdminSocket: DefaultAdminSocket, LogLevel: DefaultLogLevel, Poll: DefaultPoll,
-		Limits: DefaultLimits(), Linger: DefaultLinger, DefaultMTU: DefaultMTU, Ports: []Port{
+		Limits: DefaultLimits(), ApplianceLimits: DefaultApplianceLimits(), Linger: DefaultLinger, DefaultMTU: DefaultMTU, Ports: []Port{
 			{Namespace: "a", Name: DefaultPortName, Mode: ModeBridge, MTU: DefaultMTU},
 			{Namespace: "b", Name: "x", Mode: "redirect", MTU: 9000},
 		}}

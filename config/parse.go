@@ -23,10 +23,11 @@ import (
 // The keys each table knows, for unknown-key messages.
 var (
 	topKeys = []string{"socket", "socket_mode", "socket_group", "admin_socket", "metrics_address", "state_file", "log_level", "local_switch", "poll",
-		"procs", "cpus", "linger", "default_mtu", "limits", "port"}
-	limitsKeys = []string{"qps", "cqs", "srqs", "mrs", "pds", "ahs", "mr_bytes"}
-	portKeys   = []string{"namespace", "name", "mode", "mac", "addresses", "mtu", "impair"}
-	impairKeys = []string{"ingress", "egress"}
+		"procs", "cpus", "linger", "default_mtu", "limits", "appliance_limits", "port"}
+	limitsKeys          = []string{"qps", "cqs", "srqs", "mrs", "pds", "ahs", "channels", "mr_bytes"}
+	applianceLimitsKeys = append(slices.Clone(limitsKeys), "connections", "connections_per_uid", "descriptors")
+	portKeys            = []string{"namespace", "name", "mode", "mac", "addresses", "mtu", "impair"}
+	impairKeys          = []string{"ingress", "egress"}
 )
 
 // Load reads and parses the configuration file at path. Errors reading the
@@ -238,6 +239,8 @@ func (d *decoder) config(raw map[string]any) *Config {
 			d.integer(k, v, &c.DefaultMTU, MinMTU, MaxMTU)
 		case "limits":
 			c.Limits = d.limits(k, v)
+		case "appliance_limits":
+			c.ApplianceLimits = d.applianceLimits(k, v)
 		case "port":
 			ports, explicitMTU = d.ports(k, v)
 		default:
@@ -259,11 +262,45 @@ func (d *decoder) config(raw map[string]any) *Config {
 
 func (d *decoder) limits(key string, v any) Limits {
 	l := DefaultLimits()
+	if m := d.table(key, v); m != nil {
+		d.limitKeys(key, m, &l, limitsKeys, nil)
+	}
+	return l
+}
+
+func (d *decoder) applianceLimits(key string, v any) ApplianceLimits {
+	l := DefaultApplianceLimits()
+	if m := d.table(key, v); m != nil {
+		d.limitKeys(key, m, &l.Limits, applianceLimitsKeys, func(k, kk string, v any) bool {
+			switch k {
+			case "connections":
+				d.integer(kk, v, &l.Connections, 1, MaxLimit)
+			case "connections_per_uid":
+				d.integer(kk, v, &l.ConnectionsPerUID, 1, MaxLimit)
+			case "descriptors":
+				d.integer(kk, v, &l.Descriptors, MinDescriptors, MaxLimit)
+			default:
+				return false
+			}
+			return true
+		})
+	}
+	return l
+}
+
+// table returns v if it is a table, the one at key.
+func (d *decoder) table(key string, v any) map[string]any {
 	m, ok := v.(map[string]any)
 	if !ok {
-		d.fail(key, "want a table ([limits]), not "+typeName(v), nil)
-		return l
+		d.fail(key, fmt.Sprintf("want a table ([%s]), not %s", key, typeName(v)), nil)
+		return nil
 	}
+	return m
+}
+
+// limitKeys decodes the object limits of the table m at key into l, and
+// its other keys with more, which reports whether it knew the key.
+func (d *decoder) limitKeys(key string, m map[string]any, l *Limits, known []string, more func(k, kk string, v any) bool) {
 	for _, k := range slices.Sorted(maps.Keys(m)) {
 		v, kk := m[k], childKey(key, k)
 		switch k {
@@ -279,13 +316,16 @@ func (d *decoder) limits(key string, v any) Limits {
 			d.integer(kk, v, &l.PDs, 1, MaxLimit)
 		case "ahs":
 			d.integer(kk, v, &l.AHs, 1, MaxLimit)
+		case "channels":
+			d.integer(kk, v, &l.Channels, 1, MaxLimit)
 		case "mr_bytes":
 			d.bytes(kk, v, &l.MRBytes)
 		default:
-			d.unknown(key, k, limitsKeys)
+			if more == nil || !more(k, kk, v) {
+				d.unknown(key, k, known)
+			}
 		}
 	}
-	return l
 }
 
 // byteUnits are the suffixes a size string may have.

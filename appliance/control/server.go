@@ -22,6 +22,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -56,30 +57,6 @@ type Device struct {
 	Up func() bool
 }
 
-// Limits bound what one client may hold; zero means the default.
-type Limits struct {
-	QPs, CQs, SRQs, MRs, PDs, AHs int
-	MRBytes                       int64
-}
-
-func (l Limits) withDefaults() Limits {
-	def := func(v *int, d int) {
-		if *v <= 0 {
-			*v = d
-		}
-	}
-	def(&l.QPs, 1024)
-	def(&l.CQs, 1024)
-	def(&l.SRQs, 256)
-	def(&l.MRs, 4096)
-	def(&l.PDs, 256)
-	def(&l.AHs, 4096)
-	if l.MRBytes <= 0 {
-		l.MRBytes = 16 << 30
-	}
-	return l
-}
-
 // DefaultSocketMode is the socket file's permission bits unless
 // configured: every local user may connect, as every user may open a
 // uverbs device where rdma-core is installed; a client may open only its
@@ -97,8 +74,9 @@ type Config struct {
 	// SocketGID, when positive, is the group the socket file is given;
 	// 0 leaves the group it was made with, the appliance's own.
 	SocketGID int
-	// Limits per client.
-	Limits Limits
+	// Limits per client, and ApplianceLimits of all clients together.
+	Limits          Limits
+	ApplianceLimits ApplianceLimits
 	// ReplyTimeout bounds how long a reply or an event waits for room in
 	// the client's socket (default DefaultReplyTimeout): a client that
 	// leaves them unread is disconnected, where it held the session's
@@ -130,6 +108,13 @@ type Server struct {
 	ln       *net.UnixListener
 	closed   bool
 	wg       sync.WaitGroup
+	conns    int                        // connections admitted (admit)
+	byUID    map[uint32]int             // of them, each user's
+	waiting  map[*net.UnixConn]struct{} // refused, waiting for their first request
+
+	pools    *pools        // what all clients hold
+	refused  atomic.Uint64 // connections refused
+	refusing atomic.Int32  // refused connections being answered
 }
 
 // New returns a server for cfg; Serve starts it.
@@ -152,8 +137,10 @@ func New(cfg Config) *Server {
 	if cfg.ReplyTimeout <= 0 {
 		cfg.ReplyTimeout = DefaultReplyTimeout
 	}
-	cfg.Limits = cfg.Limits.withDefaults()
-	return &Server{cfg: cfg, log: cfg.Logger.With("component", "control"), devices: map[string]*Device{}, sessions: map[*session]struct{}{}}
+	cfg.Limits = cfg.Limits.withDefaults(DefaultLimits)
+	cfg.ApplianceLimits = cfg.ApplianceLimits.withDefaults()
+	return &Server{cfg: cfg, log: cfg.Logger.With("component", "control"), devices: map[string]*Device{}, sessions: map[*session]struct{}{},
+		pools: newPools(cfg.ApplianceLimits), byUID: map[uint32]int{}, waiting: map[*net.UnixConn]struct{}{}}
 }
 
 // DefaultReplyTimeout is Config.ReplyTimeout unless configured.
@@ -242,8 +229,13 @@ func sortDevices(ds []*Device) {
 
 // Stats counts the server's clients and their objects.
 type Stats struct {
-	Clients, PDs, MRs, CQs, QPs, SRQs, AHs int
-	MRBytes                                int64
+	Clients, PDs, MRs, CQs, QPs, SRQs, AHs, Channels int
+	MRBytes                                          int64
+	// Descriptors are those the appliance holds for its clients, as
+	// ApplianceLimits.Descriptors counts them.
+	Descriptors int64
+	// Refused counts the connections refused at a limit so far.
+	Refused uint64
 }
 
 // Stats returns the current counts.
@@ -254,7 +246,7 @@ func (s *Server) Stats() Stats {
 		sessions = append(sessions, ss)
 	}
 	s.mu.Unlock()
-	st := Stats{Clients: len(sessions)}
+	st := Stats{Clients: len(sessions), Descriptors: s.pools.fds.used.Load(), Refused: s.refused.Load()}
 	for _, ss := range sessions {
 		ss.mu.Lock()
 		st.PDs += len(ss.pds)
@@ -263,6 +255,7 @@ func (s *Server) Stats() Stats {
 		st.QPs += len(ss.qps)
 		st.SRQs += len(ss.srqs)
 		st.AHs += len(ss.ahs)
+		st.Channels += len(ss.chans)
 		st.MRBytes += ss.mrBytes
 		ss.mu.Unlock()
 	}
@@ -345,15 +338,27 @@ func (s *Server) Serve(ctx context.Context) error {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		ss, err := s.newSession(c)
+		pid, uid, err := peerCred(c)
 		if err != nil {
 			s.log.Warn("client refused", "err", err)
+			c.Close()
+			continue
+		}
+		if err := s.admit(uid); err != nil {
+			s.refuse(c, err)
+			continue
+		}
+		ss, err := s.newSession(c, pid, uid)
+		if err != nil {
+			s.log.Warn("client refused", "err", err)
+			s.leave(uid)
 			c.Close()
 			continue
 		}
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
+			s.leave(uid)
 			c.Close()
 			continue
 		}
@@ -366,6 +371,7 @@ func (s *Server) Serve(ctx context.Context) error {
 			s.mu.Lock()
 			delete(s.sessions, ss)
 			s.mu.Unlock()
+			s.leave(uid)
 		}()
 	}
 }
@@ -382,6 +388,9 @@ func (s *Server) Close() error {
 	ln := s.ln
 	for ss := range s.sessions {
 		ss.conn.Close()
+	}
+	for c := range s.waiting {
+		c.Close()
 	}
 	s.mu.Unlock()
 	if ln != nil {
@@ -400,21 +409,22 @@ func (s *Server) device(name string) *Device {
 	return s.devices[name]
 }
 
-// peerCred returns the PID of the process at the other end of c.
-func peerCred(c *net.UnixConn) (int32, error) {
+// peerCred returns the PID and user of the process at the other end of
+// c, as they were when it connected.
+func peerCred(c *net.UnixConn) (int32, uint32, error) {
 	rc, err := c.SyscallConn()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	var cred *syscall.Ucred
 	var serr error
 	if err := rc.Control(func(fd uintptr) {
 		cred, serr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
 	}); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if serr != nil {
-		return 0, fmt.Errorf("SO_PEERCRED: %w", serr)
+		return 0, 0, fmt.Errorf("SO_PEERCRED: %w", serr)
 	}
-	return cred.Pid, nil
+	return cred.Pid, cred.Uid, nil
 }

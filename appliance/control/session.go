@@ -23,6 +23,7 @@ type session struct {
 	srv   *Server
 	conn  *net.UnixConn
 	pid   int32
+	uid   uint32
 	netns uint64
 	log   *slog.Logger
 
@@ -53,11 +54,8 @@ type session struct {
 	opened atomic.Pointer[Device]
 }
 
-func (s *Server) newSession(c *net.UnixConn) (*session, error) {
-	pid, err := peerCred(c)
-	if err != nil {
-		return nil, err
-	}
+// newSession makes the session of the client pid of user uid on c.
+func (s *Server) newSession(c *net.UnixConn, pid int32, uid uint32) (*session, error) {
 	ns, err := s.cfg.PeerNetns(pid)
 	if err != nil {
 		return nil, err
@@ -66,7 +64,7 @@ func (s *Server) newSession(c *net.UnixConn) (*session, error) {
 	if err != nil {
 		return nil, err
 	}
-	ss.pid, ss.log = pid, s.log.With("pid", pid)
+	ss.pid, ss.uid, ss.log = pid, uid, s.log.With("pid", pid, "uid", uid)
 	return ss, nil
 }
 
@@ -389,6 +387,7 @@ func (ss *session) teardown() {
 	}
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
+	ss.giveAll()
 	dev := ss.dev
 	for h, q := range ss.qps {
 		q.kill(dev, ss.srv.cfg.Linger)
@@ -428,6 +427,25 @@ func (ss *session) teardown() {
 		ss.kick = nil
 	}
 	ss.conn.Close()
+}
+
+// giveAll returns to the appliance's pools what the session's objects
+// and doorbell took; ss.mu is held, and they are about to go.
+func (ss *session) giveAll() {
+	ps := ss.srv.pools
+	for _, x := range []struct {
+		p *pool
+		n int
+	}{{&ps.qps, len(ss.qps)}, {&ps.cqs, len(ss.cqs)}, {&ps.srqs, len(ss.srqs)}, {&ps.mrs, len(ss.mrs)}, {&ps.channels, len(ss.chans)}} {
+		x.p.give(int64(x.n))
+		ps.fds.give(int64(x.n * fdsObject))
+	}
+	ps.pds.give(int64(len(ss.pds)))
+	ps.ahs.give(int64(len(ss.ahs)))
+	ps.mrBytes.give(ss.mrBytes)
+	if ss.kick != nil {
+		ps.fds.give(fdsOpen)
+	}
 }
 
 // deviceGone handles the withdrawal of the session's device.

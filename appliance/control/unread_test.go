@@ -99,6 +99,9 @@ func TestIdleConnectionMemory(t *testing.T) {
 	if after > base+4<<20 {
 		t.Errorf("heap after the connections closed: %d KiB, before %d KiB", after>>10, base>>10)
 	}
+	if st := srv.Stats(); st.Descriptors != 0 {
+		t.Errorf("descriptors still counted: %+v", st)
+	}
 }
 
 // TestUnreadReplies: clients that send requests and never read the

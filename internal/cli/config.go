@@ -71,8 +71,15 @@ func printConfig(w io.Writer, c *config.Config) {
 	}
 	fmt.Fprintf(w, "  linger           %v\n", c.Linger)
 	fmt.Fprintf(w, "  default MTU      %d\n", c.DefaultMTU)
-	fmt.Fprintf(w, "  client limits    %d QPs, %d CQs, %d SRQs, %d MRs, %d PDs, %d AHs, %s of MRs\n",
-		l.QPs, l.CQs, l.SRQs, l.MRs, l.PDs, l.AHs, byteSize(l.MRBytes))
+	a := c.ApplianceLimits
+	fmt.Fprintf(w, "  client limits    %s\n", objectLimits(l))
+	fmt.Fprintf(w, "  appliance limits %s\n", objectLimits(a.Limits))
+	fmt.Fprintf(w, "  connections      %d, %d per user\n", a.Connections, a.ConnectionsPerUID)
+	if a.Descriptors > 0 {
+		fmt.Fprintf(w, "  descriptors      %d for clients\n", a.Descriptors)
+	} else {
+		fmt.Fprintf(w, "  descriptors      3/4 of RLIMIT_NOFILE for clients\n")
+	}
 	for _, p := range c.Ports {
 		fmt.Fprintf(w, "  port %s/%s mode %s mtu %d addresses %v", p.Namespace, p.Name, p.Mode, p.MTU, p.Addresses)
 		if p.MAC != nil {
@@ -86,6 +93,12 @@ func printConfig(w io.Writer, c *config.Config) {
 		}
 		fmt.Fprintln(w)
 	}
+}
+
+// objectLimits lists the limits of a [limits] table.
+func objectLimits(l config.Limits) string {
+	return fmt.Sprintf("%d QPs, %d CQs, %d SRQs, %d MRs, %d PDs, %d AHs, %d channels, %s of MRs",
+		l.QPs, l.CQs, l.SRQs, l.MRs, l.PDs, l.AHs, l.Channels, byteSize(l.MRBytes))
 }
 
 // socketAccess says who may connect to the control socket.
