@@ -49,6 +49,9 @@ type Options struct {
 	// LocalSwitch lets traffic between the appliance's own ports cross in
 	// memory instead of through their TAPs.
 	LocalSwitch bool
+	// ListAllDevices lists every device to every client
+	// (control.Config).
+	ListAllDevices bool
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 	// Linger is how long a destroyed or dead client's QP answers its peer
@@ -165,7 +168,7 @@ func New(opt Options) (*Appliance, error) {
 		a.loop.Run(ctx)
 	}()
 	a.ctrl = control.New(control.Config{Socket: opt.Socket, SocketMode: opt.SocketMode, SocketGID: opt.SocketGID, Limits: opt.Limits,
-		ApplianceLimits: opt.ApplianceLimits, Loop: a.loop, Logger: opt.Logger,
+		ApplianceLimits: opt.ApplianceLimits, ListAllDevices: opt.ListAllDevices, Loop: a.loop, Logger: opt.Logger,
 		PeerNetns: opt.PeerNetns, Linger: opt.Linger})
 	return a, nil
 }

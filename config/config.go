@@ -175,6 +175,11 @@ type Config struct {
 	// for the group pods are given); "" leaves the appliance's own. An
 	// abstract socket takes none.
 	SocketGroup string
+	// ListAllDevices lists every device to every client, those of other
+	// network namespaces marked unusable. Off, a client is shown only the
+	// devices it may open: another namespace's device tells its MAC and
+	// its addresses (its GIDs).
+	ListAllDevices bool
 	// AdminSocket is the path of the admin API's socket, the one the CNI
 	// plugin calls; a file path, not an abstract socket, and not Socket.
 	AdminSocket string

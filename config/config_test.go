@@ -94,6 +94,7 @@ addresses = ["10.55.0.1/24"]
 socket = "/run/t.sock"
 socket_mode = "0660"
 socket_group = "rdma"
+list_all_devices = true
 admin_socket = "/run/t-admin.sock"
 metrics_address = "[::1]:9100"
 state_file = "/var/lib/taproce/state.json"
@@ -137,7 +138,7 @@ mtu = 9000
 [port.impair]
 egress = "loss=1%,seed=7"
 ingress = "delay=200us"
-`), &Config{Socket: "/run/t.sock", SocketMode: 0o660, SocketGroup: "rdma", AdminSocket: "/run/t-admin.sock", MetricsAddress: "[::1]:9100",
+`), &Config{Socket: "/run/t.sock", SocketMode: 0o660, SocketGroup: "rdma", ListAllDevices: true, AdminSocket: "/run/t-admin.sock", MetricsAddress: "[::1]:9100",
 			StateFile: "/var/lib/taproce/state.json", LogLevel: "warn", LocalSwitch: false, Poll: "spin", Procs: 3,
 			Limits: Limits{QPs: 16, CQs: 32, SRQs: 1, MRs: 64, PDs: 2, AHs: 8, Channels: 4, MRBytes: 1 << 20},
 			ApplianceLimits: ApplianceLimits{Limits: Limits{QPs: 160, CQs: 320, SRQs: 10, MRs: 640, PDs: 20, AHs: 80, Channels: 40, MRBytes: 1 << 30},
@@ -267,6 +268,8 @@ addresses = ["10.0.0.2/8"]
 		{"socket group ID", "socket_mode = \"0660\"\nsocket_group = \"2000\"\n", mod(func(c *Config) { c.SocketMode, c.SocketGroup = 0o660, "2000" })},
 		{"socket group name", `socket_group = "rdma-users_1.x$"`, mod(func(c *Config) { c.SocketGroup = "rdma-users_1.x$" })},
 		{"abstract socket with the default mode", "socket = \"@t\"\nsocket_mode = \"0666\"\n", mod(func(c *Config) { c.Socket = "@t" })},
+		{"list all devices", `list_all_devices = true`, mod(func(c *Config) { c.ListAllDevices = true })},
+		{"list own devices", `list_all_devices = false`, Default()},
 		{"linger", `linger = "500ms"`, mod(func(c *Config) { c.Linger = 500 * time.Millisecond })},
 		{"procs", `procs = 1`, mod(func(c *Config) { c.Procs = 1 })},
 		{"procs chosen by poll", `procs = 0`, mod(func(c *Config) { c.Procs = 0 })},
@@ -403,6 +406,7 @@ namespace = "a"
 		{"socket group too long", `socket_group = "` + strings.Repeat("g", 33) + `"`, []string{"x.toml:1: socket_group: \"ggg\x00is 33 bytes long; group names have at most 32"}},
 		{"socket group ID too large", `socket_group = "4294967295"`, []string{`x.toml:1: socket_group: "4294967295": not a group name or ID: group IDs are 0..4294967294`}},
 		{"socket group dollar only", `socket_group = "$"`, []string{`x.toml:1: socket_group: "$": not a group name or ID`}},
+		{"list_all_devices type", `list_all_devices = "yes"`, []string{"x.toml:1: list_all_devices: want true or false, not a string"}},
 		{"socket group type", `socket_group = 2000`, []string{"x.toml:1: socket_group: want a string, not an integer"}},
 		{"empty admin socket", `admin_socket = ""`, []string{"x.toml:1: admin_socket: must not be empty"}},
 		{"long admin socket", `admin_socket = "/` + strings.Repeat("a", 107) + `"`, []string{"x.toml:1: admin_socket: \x00is 108 bytes long"}},

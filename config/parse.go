@@ -22,7 +22,7 @@ import (
 
 // The keys each table knows, for unknown-key messages.
 var (
-	topKeys = []string{"socket", "socket_mode", "socket_group", "admin_socket", "metrics_address", "state_file", "log_level", "local_switch", "poll",
+	topKeys = []string{"socket", "socket_mode", "socket_group", "list_all_devices", "admin_socket", "metrics_address", "state_file", "log_level", "local_switch", "poll",
 		"procs", "cpus", "linger", "default_mtu", "limits", "appliance_limits", "port"}
 	limitsKeys          = []string{"qps", "cqs", "srqs", "mrs", "pds", "ahs", "channels", "mr_bytes"}
 	applianceLimitsKeys = append(slices.Clone(limitsKeys), "connections", "connections_per_uid", "descriptors")
@@ -217,6 +217,8 @@ func (d *decoder) config(raw map[string]any) *Config {
 			d.mode(k, v, &c.SocketMode)
 		case "socket_group":
 			d.str(k, v, &c.SocketGroup)
+		case "list_all_devices":
+			d.boolean(k, v, &c.ListAllDevices)
 		case "admin_socket":
 			d.str(k, v, &c.AdminSocket)
 		case "metrics_address":

@@ -47,6 +47,9 @@ type Options struct {
 	Egress impair.Spec
 	// Linger is control.Config.Linger (0: the default).
 	Linger time.Duration
+	// ListAllDevices lists the devices to clients of other namespaces
+	// too (Elsewhere).
+	ListAllDevices bool
 	// Limits and ApplianceLimits are the control server's (zero: the
 	// defaults).
 	Limits          control.Limits
@@ -94,7 +97,7 @@ func New(t testing.TB, o Options) *Rig {
 		t.Fatal(err)
 	}
 	app, err := appliance.New(appliance.Options{Socket: r.Socket, LocalSwitch: o.LocalSwitch, Poll: o.Poll, Logger: o.Logger,
-		Linger: o.Linger, Limits: o.Limits, ApplianceLimits: o.ApplianceLimits, PeerNetns: func(int32) (uint64, error) {
+		Linger: o.Linger, Limits: o.Limits, ApplianceLimits: o.ApplianceLimits, ListAllDevices: o.ListAllDevices, PeerNetns: func(int32) (uint64, error) {
 			if r.Elsewhere.Load() {
 				return self + 1, nil
 			}

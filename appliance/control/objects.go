@@ -76,11 +76,20 @@ func nextPow2(n uint32) uint32 {
 	return 1 << bits.Len32(n-1)
 }
 
+// listDevices lists the devices the client may open, or with
+// ListAllDevices every device.
 func (ss *session) listDevices() *abi.ListDevicesReply {
 	r := &abi.ListDevicesReply{}
+	all := ss.srv.cfg.ListAllDevices
+	if !all {
+		r.OthersHidden = 1
+	}
 	for _, d := range ss.srv.Devices() {
 		if int(r.Count) == len(r.Devices) {
 			break
+		}
+		if !all && d.Netns != ss.netns {
+			continue
 		}
 		out := &r.Devices[r.Count]
 		out.Name = abi.MakeName(d.Name)

@@ -77,6 +77,11 @@ type Config struct {
 	// Limits per client, and ApplianceLimits of all clients together.
 	Limits          Limits
 	ApplianceLimits ApplianceLimits
+	// ListAllDevices lists every device to every client, those of other
+	// network namespaces marked unusable; by default a client is shown
+	// only the devices it may open, for another namespace's device tells
+	// its MAC and its addresses (GIDs).
+	ListAllDevices bool
 	// ReplyTimeout bounds how long a reply or an event waits for room in
 	// the client's socket (default DefaultReplyTimeout): a client that
 	// leaves them unread is disconnected, where it held the session's

@@ -228,6 +228,7 @@ func start(ctx context.Context, cfg *config.Config, poll appliance.PollMode, log
 		Socket:          cfg.Socket,
 		SocketMode:      cfg.SocketMode,
 		SocketGID:       gid,
+		ListAllDevices:  cfg.ListAllDevices,
 		Limits:          limits(cfg.Limits),
 		ApplianceLimits: all,
 		Poll:            poll,

@@ -209,13 +209,14 @@ func TestAttachMakesDevice(t *testing.T) {
 		t.Fatalf("appliance devices %v", nics)
 	}
 
-	// Listed to everyone, usable only in the pod's namespace.
-	devs, err := verbs.Devices(ctx)
+	// Shown only in the pod's namespace: the host sees neither the device
+	// nor the pod's addresses.
+	list, err := verbs.ListDevices(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(devs) != 1 || devs[0].Name != "taproce0" || devs[0].Usable || !slices.Contains(devs[0].GIDs, pod.V4.Addr()) {
-		t.Fatalf("devices seen from the host: %+v", devs)
+	if len(list.Devices) != 0 || !list.OthersHidden {
+		t.Fatalf("devices seen from the host: %+v", list)
 	}
 	if _, err := verbs.Open(ctx, "taproce0"); err == nil {
 		t.Fatal("opened the pod's device from outside its namespace")
@@ -476,6 +477,33 @@ func TestSocketAccess(t *testing.T) {
 		t.Fatalf("unknown group: %v", err)
 	}
 	gone(t, cfg.Socket, cfg.AdminSocket)
+}
+
+// TestListAllDevices: list_all_devices shows the host a static port of
+// another namespace, unusable; by default the host is shown nothing.
+func TestListAllDevices(t *testing.T) {
+	testnet.RequireRoot(t)
+	_, path := testnet.Namespace(t)
+	for _, listAll := range []bool{false, true} {
+		cfg := testConfig(t.TempDir())
+		cfg.ListAllDevices = listAll
+		p := config.DefaultPort()
+		p.Namespace, p.Addresses = path, []netip.Prefix{netip.MustParsePrefix("10.95.0.1/24")}
+		cfg.Ports = []config.Port{p}
+		r := start(t, cfg)
+		t.Setenv("TAPROCE_SOCKET", cfg.Socket)
+		list, err := verbs.ListDevices(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		shown := len(list.Devices) == 1 && !list.Devices[0].Usable && slices.Contains(list.Devices[0].GIDs, netip.MustParseAddr("10.95.0.1"))
+		if shown != listAll || list.OthersHidden == listAll {
+			t.Errorf("list_all_devices = %v: the host is shown %+v", listAll, list)
+		}
+		if err := r.stop(t); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // transferSize is what TestTransferMetrics writes from pod to pod.

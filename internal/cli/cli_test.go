@@ -146,10 +146,11 @@ func TestConfigCommandPlacement(t *testing.T) {
 }
 
 // TestConfigCommandSocketAccess: `taproce config` shows who may connect
-// to the control socket.
+// to the control socket, and which devices it lists to them.
 func TestConfigCommandSocketAccess(t *testing.T) {
 	for _, c := range []struct{ text, want string }{
-		{"", "mode 0666, the appliance's group"},
+		{"", "mode 0666, the appliance's group\n  device listing   a client's own namespace's only"},
+		{"list_all_devices = true\n", "mode 0666, the appliance's group\n  device listing   all devices, other namespaces' unusable"},
 		{"socket_mode = \"0660\"\nsocket_group = \"2000\"\n", "mode 0660, group 2000"},
 		{"socket = \"@taproce\"\n", "abstract: any process in the appliance's network namespace"},
 	} {

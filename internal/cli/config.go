@@ -54,6 +54,11 @@ func printConfig(w io.Writer, c *config.Config) {
 	l := c.Limits
 	fmt.Fprintf(w, "  control socket   %s\n", c.Socket)
 	fmt.Fprintf(w, "  socket access    %s\n", socketAccess(c))
+	if c.ListAllDevices {
+		fmt.Fprintf(w, "  device listing   all devices, other namespaces' unusable\n")
+	} else {
+		fmt.Fprintf(w, "  device listing   a client's own namespace's only\n")
+	}
 	fmt.Fprintf(w, "  admin socket     %s\n", c.AdminSocket)
 	fmt.Fprintf(w, "  metrics          %s\n", orOff(c.MetricsAddress, " (/metrics, /healthz)"))
 	fmt.Fprintf(w, "  state file       %s\n", orOff(c.StateFile, ""))
