@@ -52,7 +52,7 @@ func socketPair(t testing.TB) (*net.UnixConn, *net.UnixConn) {
 // reg-mr can map), never panic the server, always get a reply or a
 // hang-up, and leave no descriptor open once the session has ended:
 // whatever a request brings is closed unless its op keeps it, and what
-// the session made is torn down.
+// the session made is torn down and given back to the appliance's limits.
 func FuzzControl(f *testing.F) {
 	seed := func(op abi.Op, body any) []byte {
 		m, _ := abi.Encode(nil, abi.Header{Op: op, Seq: 1}, body)
@@ -94,6 +94,9 @@ func FuzzControl(f *testing.F) {
 		<-done
 		if after := openFds(t); after != before {
 			t.Fatalf("%d descriptors open before, %d after", before, after)
+		}
+		if held := srv.pools.held(); len(held) != 0 {
+			t.Fatalf("the appliance's limits still count %v", held)
 		}
 	})
 }

@@ -126,6 +126,19 @@ type pools struct {
 	qps, cqs, srqs, mrs, pds, ahs, channels, mrBytes, fds pool
 }
 
+// held returns what is taken of each pool, by name, leaving out the
+// empty ones.
+func (ps *pools) held() map[string]int64 {
+	out := map[string]int64{}
+	for name, p := range map[string]*pool{"qps": &ps.qps, "cqs": &ps.cqs, "srqs": &ps.srqs, "mrs": &ps.mrs, "pds": &ps.pds,
+		"ahs": &ps.ahs, "channels": &ps.channels, "mr_bytes": &ps.mrBytes, "descriptors": &ps.fds} {
+		if n := p.used.Load(); n != 0 {
+			out[name] = n
+		}
+	}
+	return out
+}
+
 func newPools(l ApplianceLimits) *pools {
 	p := &pools{}
 	for _, x := range []struct {
