@@ -20,6 +20,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -113,6 +114,8 @@ type Server struct {
 	ln       *net.UnixListener
 	closed   bool
 	wg       sync.WaitGroup
+	peak     int                        // most sessions at once since their memory was last released (ebbed)
+	ebbing   bool                       // released, and to release again when the last goes
 	conns    int                        // connections admitted (admit)
 	byUID    map[uint32]int             // of them, each user's
 	waiting  map[*net.UnixConn]struct{} // refused, waiting for their first request
@@ -368,6 +371,7 @@ func (s *Server) Serve(ctx context.Context) error {
 			continue
 		}
 		s.sessions[ss] = struct{}{}
+		s.peak = max(s.peak, len(s.sessions))
 		s.wg.Add(1)
 		s.mu.Unlock()
 		go func() {
@@ -375,10 +379,37 @@ func (s *Server) Serve(ctx context.Context) error {
 			ss.run()
 			s.mu.Lock()
 			delete(s.sessions, ss)
+			release := s.ebbed()
 			s.mu.Unlock()
 			s.leave(uid)
+			if release {
+				debug.FreeOSMemory()
+			}
 		}()
 	}
+}
+
+// releaseAfter is the most sessions whose end leaves the memory they
+// freed to the Go runtime; see ebbed.
+const releaseAfter = 64
+
+// ebbed reports whether the sessions have fallen to a quarter of their
+// peak, one of at least releaseAfter, or then to none: then their memory
+// goes back to the system (debug.FreeOSMemory). The runtime keeps what a
+// flood of connections freed for reuse and gave little of it back (200
+// clients that left their replies unread left 26 MB resident for minutes
+// after they went). s.mu is held.
+func (s *Server) ebbed() bool {
+	n := len(s.sessions)
+	switch {
+	case s.peak >= releaseAfter && n <= s.peak/4:
+		s.peak, s.ebbing = n, true
+		return true
+	case s.ebbing && n == 0:
+		s.ebbing = false
+		return true
+	}
+	return false
 }
 
 // Close stops accepting, disconnects every client (destroying its

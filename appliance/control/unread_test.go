@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -186,5 +187,45 @@ func TestUnreadEvents(t *testing.T) {
 		if err != nil {
 			t.Fatalf("after the events: %v, want end of file", err)
 		}
+	}
+}
+
+// TestEbbed: the memory of sessions goes back to the system when a flood
+// of them has fallen to a quarter of its peak, and again when the last
+// goes; the comings and goings of a few sessions never release it.
+func TestEbbed(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		steps []int // session counts in turn
+		want  []int // the counts at which memory is released
+	}{
+		{"a few", []int{10, 0, 10, 0}, nil},
+		{"a flood", []int{200, 0}, []int{50, 0}},
+		{"at the threshold", []int{releaseAfter, 0}, []int{releaseAfter / 4, 0}},
+		{"below it", []int{releaseAfter - 1, 0}, nil},
+		{"a flood that returns", []int{100, 20, 100, 0}, []int{25, 25, 0}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := New(Config{Socket: "/nonexistent"})
+			var got []int
+			for _, target := range c.steps {
+				for len(s.sessions) < target {
+					s.sessions[&session{}] = struct{}{}
+					s.peak = max(s.peak, len(s.sessions))
+				}
+				for len(s.sessions) > target {
+					for ss := range s.sessions {
+						delete(s.sessions, ss)
+						break
+					}
+					if s.ebbed() {
+						got = append(got, len(s.sessions))
+					}
+				}
+			}
+			if fmt.Sprint(got) != fmt.Sprint(c.want) {
+				t.Errorf("released at %v, want %v", got, c.want)
+			}
+		})
 	}
 }
