@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -21,6 +23,53 @@ func openFds(t testing.TB) int {
 		t.Fatal(err)
 	}
 	return len(ents)
+}
+
+// copies counts this process's descriptors that refer to the files of
+// fds: each one the appliance received and kept is one more. Unlike the
+// count of all descriptors, it is not disturbed by other tests' closing
+// theirs meanwhile.
+func copies(t testing.TB, fds []int) int {
+	t.Helper()
+	ids := map[[2]uint64]bool{}
+	for _, fd := range fds {
+		var st syscall.Stat_t
+		if err := syscall.Fstat(fd, &st); err != nil {
+			t.Fatal(err)
+		}
+		ids[[2]uint64{st.Dev, st.Ino}] = true
+	}
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		var st syscall.Stat_t
+		if err == nil && syscall.Fstat(fd, &st) == nil && ids[[2]uint64{st.Dev, st.Ino}] {
+			n++
+		}
+	}
+	return n
+}
+
+// leakCheck returns a function that fails the test if descriptors were
+// left open since leakCheck was called: copies of fds, or more descriptors
+// than there were (which other tests' closing theirs may hide, but not
+// make up).
+func leakCheck(t testing.TB, fds []int) func() {
+	t.Helper()
+	kept, all := copies(t, fds), openFds(t)
+	return func() {
+		t.Helper()
+		if n := copies(t, fds); n != kept {
+			t.Errorf("%d descriptors of the attached files open before, %d after", kept, n)
+		}
+		if n := openFds(t); n > all {
+			t.Errorf("%d descriptors open before, %d after", all, n)
+		}
+	}
 }
 
 // attachable returns n descriptors to attach to requests, repeating a
@@ -116,7 +165,7 @@ func TestRequestDescriptorsClosed(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			fds := attachable(t, c.fds, c.memfd)
-			before := openFds(t)
+			check := leakCheck(t, fds)
 			var client *net.UnixConn
 			var done chan struct{}
 			hangUp := func() {
@@ -139,9 +188,7 @@ func TestRequestDescriptorsClosed(t *testing.T) {
 			if client != nil {
 				hangUp()
 			}
-			if after := openFds(t); after != before {
-				t.Errorf("%d descriptors open before, %d after", before, after)
-			}
+			check()
 		})
 	}
 }
@@ -169,4 +216,39 @@ func fdSession(t testing.TB, srv *Server, opened bool) (*net.UnixConn, chan stru
 		}
 	}
 	return client, done
+}
+
+// TestRefusedDescriptorsClosed: a connection refused at a limit has its
+// first request answered or not, and whatever descriptors it brought are
+// closed with it.
+func TestRefusedDescriptorsClosed(t *testing.T) {
+	srv := serving(t, Config{ApplianceLimits: ApplianceLimits{Connections: 1}})
+	held, err := net.Dial("unixpacket", srv.Socket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	waitFor(t, "the first connection a session", func() bool { return srv.Stats().Clients == 1 })
+	fds := attachable(t, 12, true)
+	check := leakCheck(t, fds)
+	for _, n := range []int{0, 4, 12} {
+		c, err := net.Dial("unixpacket", srv.Socket())
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := exchange(t, c.(*net.UnixConn), seedMsg(abi.OpListDevices, nil), fds[:n]...)
+		if n == 0 && (err != nil || h.Op != abi.OpListDevices) || n > 0 && err == nil {
+			t.Errorf("a refused request with %d descriptors: %+v, %v", n, h, err)
+		}
+		c.Close()
+	}
+	waitFor(t, "the refused connections closed", func() bool {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		return len(srv.waiting) == 0
+	})
+	check()
+	if st := srv.Stats(); st.Refused != 3 {
+		t.Errorf("%+v, want 3 refused", st)
+	}
 }

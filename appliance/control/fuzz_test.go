@@ -72,7 +72,7 @@ func FuzzControl(f *testing.F) {
 	srv := New(Config{Socket: "/nonexistent", Logger: slog.New(slog.DiscardHandler)})
 	fds := attachable(f, 9, true)
 	f.Fuzz(func(t *testing.T, a, b []byte, fdsA, fdsB uint8) {
-		before := openFds(t)
+		check := leakCheck(t, fds)
 		client, done := fdSession(t, srv, true)
 		// The usual start: a CQ and a QP (the PD is there); then the
 		// fuzzer's requests.
@@ -92,9 +92,7 @@ func FuzzControl(f *testing.F) {
 		}
 		client.Close()
 		<-done
-		if after := openFds(t); after != before {
-			t.Fatalf("%d descriptors open before, %d after", before, after)
-		}
+		check()
 		if held := srv.pools.held(); len(held) != 0 {
 			t.Fatalf("the appliance's limits still count %v", held)
 		}

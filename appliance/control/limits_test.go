@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -114,13 +115,18 @@ func listDevices(t testing.TB, c *net.UnixConn) (abi.Errno, error) {
 // accepted, and refused, by the server's own goroutine.
 func waitStats(t testing.TB, app *appliance.Appliance, ok func(control.Stats) bool) control.Stats {
 	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(time.Millisecond) {
-		st := app.Control().Stats()
-		if ok(st) {
-			return st
-		}
+	var st control.Stats
+	waitUntil(t, func() bool { st = app.Control().Stats(); return ok(st) }, func() string { return fmt.Sprintf("the server's counts stayed at %+v", st) })
+	return st
+}
+
+// waitUntil waits until ok holds, failing the test with what's words
+// after a while.
+func waitUntil(t testing.TB, ok func() bool, what func() string) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); !ok(); time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the server's counts stayed at %+v", st)
+			t.Fatal(what())
 		}
 	}
 }
