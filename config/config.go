@@ -119,7 +119,9 @@ const (
 	DefaultApplianceMRBytes  = 1 << 40
 	DefaultConnections       = 4096
 	DefaultConnectionsPerUID = 2048
-	MinDescriptors           = 16
+	// MinDescriptors is the fewest descriptors for clients a configured
+	// appliance_limits.descriptors gives: fewer serve hardly one.
+	MinDescriptors = 16
 )
 
 // Poll modes; see Config.Poll. They are the names the appliance's

@@ -22,8 +22,9 @@ import (
 
 // The keys each table knows, for unknown-key messages.
 var (
-	topKeys = []string{"socket", "socket_mode", "socket_group", "list_all_devices", "admin_socket", "metrics_address", "state_file", "log_level", "local_switch", "poll",
-		"procs", "cpus", "linger", "default_mtu", "limits", "appliance_limits", "port"}
+	topKeys = []string{"socket", "socket_mode", "socket_group", "list_all_devices", "admin_socket", "metrics_address",
+		"state_file", "log_level", "local_switch", "poll", "procs", "cpus", "linger", "default_mtu", "limits",
+		"appliance_limits", "port"}
 	limitsKeys          = []string{"qps", "cqs", "srqs", "mrs", "pds", "ahs", "channels", "mr_bytes"}
 	applianceLimitsKeys = append(slices.Clone(limitsKeys), "connections", "connections_per_uid", "descriptors")
 	portKeys            = []string{"namespace", "name", "mode", "mac", "addresses", "mtu", "impair"}

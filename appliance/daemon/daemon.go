@@ -139,8 +139,8 @@ const ownDescriptors = 256
 var ErrDescriptors = errors.New("not enough descriptors")
 
 // raiseNofile raises the soft RLIMIT_NOFILE to the hard limit, as servers
-// do at start (Go's runtime does too, but for its own children), and
-// returns it.
+// do at start (Go's os package does as well when the process starts), and
+// returns the limit, of which the descriptors for clients are a share.
 func raiseNofile() (uint64, error) {
 	var rl syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
