@@ -76,11 +76,20 @@ func nextPow2(n uint32) uint32 {
 	return 1 << bits.Len32(n-1)
 }
 
+// listDevices lists the devices the client may open, or with
+// ListAllDevices every device.
 func (ss *session) listDevices() *abi.ListDevicesReply {
 	r := &abi.ListDevicesReply{}
+	all := ss.srv.cfg.ListAllDevices
+	if !all {
+		r.OthersHidden = 1
+	}
 	for _, d := range ss.srv.Devices() {
 		if int(r.Count) == len(r.Devices) {
 			break
+		}
+		if !all && d.Netns != ss.netns {
+			continue
 		}
 		out := &r.Devices[r.Count]
 		out.Name = abi.MakeName(d.Name)
@@ -154,6 +163,10 @@ func (ss *session) open(name string) (*abi.OpenReply, int, error) {
 	if ss.dev != nil {
 		return nil, 0, errno(syscall.EBUSY, "this connection has a device open")
 	}
+	pools := ss.srv.pools
+	if err := pools.takeFds(fdsOpen); err != nil {
+		return nil, 0, err
+	}
 	// A pipe: a client posts and then polls for the answer, and a pipe's
 	// wakeup lets it go on polling where an eventfd's would preempt it
 	// (shmem.NewPipeDoorbell). A blocking loop sleeps on the read end
@@ -166,6 +179,7 @@ func (ss *session) open(name string) (*abi.OpenReply, int, error) {
 	}
 	kick, err := newKick()
 	if err != nil {
+		pools.fds.give(fdsOpen)
 		return nil, 0, err
 	}
 	ss.dev, ss.kick = d, kick
@@ -197,12 +211,17 @@ func (ss *session) allocPD() (abi.Handle, error) {
 	if len(ss.pds) >= ss.srv.cfg.Limits.PDs {
 		return 0, errno(syscall.ENOMEM, "PD limit %d", ss.srv.cfg.Limits.PDs)
 	}
+	if p := &ss.srv.pools.pds; !p.take(1) {
+		return 0, errno(syscall.ENOMEM, "the appliance's PD limit %d (all clients together)", p.max)
+	}
 	h := ss.newHandle()
 	ss.pds[h] = &pdObj{pd: ss.dev.Engine.Memory().NewPD()}
 	return h, nil
 }
 
-func (ss *session) regMR(r *abi.RegMRRequest, fd int) (*abi.RegMRReply, error) {
+// regMR registers the memfd fds[0]; it takes the descriptor once it is
+// mapped (the region closes it), and leaves it to the caller otherwise.
+func (ss *session) regMR(r *abi.RegMRRequest, fds received) (*abi.RegMRReply, error) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	pd := ss.pds[r.PD]
@@ -220,14 +239,29 @@ func (ss *session) regMR(r *abi.RegMRRequest, fd int) (*abi.RegMRReply, error) {
 		// IBA 10.6.3.1: remote write or atomic needs local write.
 		return nil, errno(syscall.EINVAL, "access flags %#x", r.Access)
 	}
-	region, err := shmem.MapRegion(fd, int(r.Size))
+	pools := ss.srv.pools
+	if err := pools.takeObject(&pools.mrs, "MR"); err != nil {
+		return nil, err
+	}
+	if !pools.mrBytes.take(int64(r.Length)) {
+		pools.giveObject(&pools.mrs)
+		return nil, errno(syscall.ENOMEM, "the appliance's MR bytes limit %d (all clients together)", pools.mrBytes.max)
+	}
+	giveBack := func() {
+		pools.giveObject(&pools.mrs)
+		pools.mrBytes.give(int64(r.Length))
+	}
+	region, err := shmem.MapRegion(fds[0], int(r.Size))
 	if err != nil {
+		giveBack()
 		return nil, errno(syscall.EINVAL, "%v", err)
 	}
+	fds.take(0)
 	buf := region.Bytes()[r.Offset : r.Offset+r.Length : r.Offset+r.Length]
 	mr, err := ss.dev.Engine.Memory().Register(pd.pd, r.Addr, buf, abi.Access(r.Access))
 	if err != nil {
 		region.Close()
+		giveBack()
 		return nil, err
 	}
 	h := ss.newHandle()
@@ -236,13 +270,30 @@ func (ss *session) regMR(r *abi.RegMRRequest, fd int) (*abi.RegMRReply, error) {
 	return &abi.RegMRReply{Handle: h, LKey: mr.LKey, RKey: mr.RKey}, nil
 }
 
+// createChannel makes a completion channel. A client at its own channel
+// limit gets EMFILE, as from a process whose descriptor table is full,
+// for a channel is a descriptor in the kernel's verbs; the appliance
+// out of channels or descriptors for all clients gives ENFILE, as a
+// system out of files does.
 func (ss *session) createChannel() (abi.Handle, int, error) {
-	bell, err := shmem.NewDoorbell()
-	if err != nil {
-		return 0, 0, err
-	}
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
+	if lim := ss.srv.cfg.Limits.Channels; len(ss.chans) >= lim {
+		return 0, 0, errno(syscall.EMFILE, "completion channel limit %d", lim)
+	}
+	pools := ss.srv.pools
+	if !pools.channels.take(1) {
+		return 0, 0, errno(syscall.ENFILE, "the appliance's completion channel limit %d (all clients together)", pools.channels.max)
+	}
+	if err := pools.takeFds(fdsObject); err != nil {
+		pools.channels.give(1)
+		return 0, 0, err
+	}
+	bell, err := shmem.NewDoorbell()
+	if err != nil {
+		pools.giveObject(&pools.channels)
+		return 0, 0, err
+	}
 	h := ss.newHandle()
 	ss.chans[h] = &chanObj{bell: bell}
 	return h, bell.Fd(), nil
@@ -346,15 +397,21 @@ func (ss *session) createCQ(r *abi.CreateCQRequest) (*abi.CreateCQReply, int, er
 			return nil, 0, errno(syscall.EINVAL, "no channel %d", r.Channel)
 		}
 	}
+	pools := ss.srv.pools
+	if err := pools.takeObject(&pools.cqs, "CQ"); err != nil {
+		return nil, 0, err
+	}
 	depth := nextPow2(r.Depth)
 	size := abi.StateBytes + shmem.RingBytes(int(depth), abi.CQESlot)
 	region, err := shmem.NewRegion("taproce-cq", size)
 	if err != nil {
+		pools.giveObject(&pools.cqs)
 		return nil, 0, err
 	}
 	ring, err := shmem.InitRing(region.Bytes()[abi.StateBytes:], int(depth), abi.CQESlot)
 	if err != nil {
 		region.Close()
+		pools.giveObject(&pools.cqs)
 		return nil, 0, err
 	}
 	h := ss.newHandle()
@@ -500,6 +557,16 @@ func (ss *session) createQP(r *abi.CreateQPRequest) (*abi.CreateQPReply, int, er
 		return nil, 0, errno(syscall.EINVAL, "%d/%d SGEs (at most %d), %d inline (at most %d)",
 			c.MaxSendSGE, c.MaxRecvSGE, abi.MaxSGE, c.MaxInline, abi.MaxInline)
 	}
+	pools := ss.srv.pools
+	if err := pools.takeObject(&pools.qps, "QP"); err != nil {
+		return nil, 0, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			pools.giveObject(&pools.qps)
+		}
+	}()
 	if srq != nil {
 		c.MaxRecvWR, c.MaxRecvSGE = 0, 0
 	}
@@ -546,6 +613,7 @@ func (ss *session) createQP(r *abi.CreateQPRequest) (*abi.CreateQPReply, int, er
 		srq.refs++
 	}
 	ss.rebuildRings()
+	ok = true
 	return &abi.CreateQPReply{Handle: h, QPN: qp.Num(), Caps: c, Size: uint64(region.Size()),
 		SQOff: uint64(sqOff), RQOff: uint64(rqOff)}, region.Fd(), nil
 }
@@ -700,15 +768,21 @@ func (ss *session) createSRQ(r *abi.CreateSRQRequest) (*abi.CreateSRQReply, int,
 	case r.MaxWR == 0 || r.MaxWR > maxSRQWR || r.MaxSGE > abi.MaxSGE || r.Limit > r.MaxWR:
 		return nil, 0, errno(syscall.EINVAL, "SRQ of %d WRs, %d SGEs, limit %d", r.MaxWR, r.MaxSGE, r.Limit)
 	}
+	pools := ss.srv.pools
+	if err := pools.takeObject(&pools.srqs, "SRQ"); err != nil {
+		return nil, 0, err
+	}
 	slots := nextPow2(r.MaxWR)
 	rqOff := abi.StateBytes
 	region, err := shmem.NewRegion("taproce-srq", rqOff+shmem.RingBytes(int(slots), abi.RecvSlot))
 	if err != nil {
+		pools.giveObject(&pools.srqs)
 		return nil, 0, err
 	}
 	ring, err := shmem.InitRing(region.Bytes()[rqOff:], int(slots), abi.RecvSlot)
 	if err != nil {
 		region.Close()
+		pools.giveObject(&pools.srqs)
 		return nil, 0, err
 	}
 	h := ss.newHandle()
@@ -718,6 +792,7 @@ func (ss *session) createSRQ(r *abi.CreateSRQRequest) (*abi.CreateSRQReply, int,
 		OnRetire: s.retired, Refill: s.refill})
 	if err != nil {
 		region.Close()
+		pools.giveObject(&pools.srqs)
 		return nil, 0, err
 	}
 	if r.Limit > 0 {
@@ -756,6 +831,9 @@ func (ss *session) createAH(r *abi.CreateAHRequest) (abi.Handle, error) {
 	}
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
+	if p := &ss.srv.pools.ahs; !p.take(1) {
+		return 0, errno(syscall.ENOMEM, "the appliance's AH limit %d (all clients together)", p.max)
+	}
 	h := ss.newHandle()
 	ss.ahs[h] = &ahObj{pd: pd, ah: transport.AH{DstIP: av.DstIP.As16(), DstMAC: av.DstMAC, SGIDIndex: av.SGIDIndex,
 		HopLimit: av.HopLimit, TClass: av.TClass, FlowLabel: av.FlowLabel}}
@@ -768,6 +846,7 @@ func (ss *session) destroy(op abi.Op, h abi.Handle) error {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	dev := ss.dev
+	pools := ss.srv.pools
 	missing := errno(syscall.EINVAL, "%v: no object %d", op, h)
 	switch op {
 	case abi.OpDeallocPD:
@@ -796,6 +875,7 @@ func (ss *session) destroy(op abi.Op, h abi.Handle) error {
 			}
 		}
 		delete(ss.pds, h)
+		pools.pds.give(1)
 	case abi.OpDeregMR:
 		m := ss.mrs[h]
 		if m == nil {
@@ -807,6 +887,8 @@ func (ss *session) destroy(op abi.Op, h abi.Handle) error {
 		m.release(dev.Engine)
 		ss.mrBytes -= m.length
 		delete(ss.mrs, h)
+		pools.giveObject(&pools.mrs)
+		pools.mrBytes.give(m.length)
 	case abi.OpDestroyChannel:
 		c := ss.chans[h]
 		if c == nil {
@@ -817,6 +899,7 @@ func (ss *session) destroy(op abi.Op, h abi.Handle) error {
 		}
 		c.close()
 		delete(ss.chans, h)
+		pools.giveObject(&pools.channels)
 	case abi.OpDestroyCQ:
 		c := ss.cqs[h]
 		if c == nil {
@@ -827,6 +910,7 @@ func (ss *session) destroy(op abi.Op, h abi.Handle) error {
 		}
 		c.close()
 		delete(ss.cqs, h)
+		pools.giveObject(&pools.cqs)
 	case abi.OpDestroyQP:
 		q := ss.qps[h]
 		if q == nil {
@@ -844,6 +928,7 @@ func (ss *session) destroy(op abi.Op, h abi.Handle) error {
 		}
 		q.close()
 		delete(ss.qps, h)
+		pools.giveObject(&pools.qps)
 		ss.rebuildRings()
 	case abi.OpDestroySRQ:
 		s := ss.srqs[h]
@@ -858,12 +943,14 @@ func (ss *session) destroy(op abi.Op, h abi.Handle) error {
 		}
 		s.close()
 		delete(ss.srqs, h)
+		pools.giveObject(&pools.srqs)
 		ss.rebuildRings()
 	case abi.OpDestroyAH:
 		if ss.ahs[h] == nil {
 			return missing
 		}
 		delete(ss.ahs, h)
+		pools.ahs.give(1)
 	}
 	return nil
 }

@@ -2,13 +2,16 @@ package control
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/taproce/taproce/appliance/transport"
 	"github.com/taproce/taproce/shmem"
@@ -20,10 +23,12 @@ type session struct {
 	srv   *Server
 	conn  *net.UnixConn
 	pid   int32
+	uid   uint32
 	netns uint64
 	log   *slog.Logger
 
-	wmu sync.Mutex // serialises writes to conn
+	wmu     sync.Mutex   // serialises writes to conn
+	pending atomic.Int32 // events on their way to the client
 
 	mu      sync.Mutex
 	dev     *Device
@@ -49,11 +54,8 @@ type session struct {
 	opened atomic.Pointer[Device]
 }
 
-func (s *Server) newSession(c *net.UnixConn) (*session, error) {
-	pid, err := peerCred(c)
-	if err != nil {
-		return nil, err
-	}
+// newSession makes the session of the client pid of user uid on c.
+func (s *Server) newSession(c *net.UnixConn, pid int32, uid uint32) (*session, error) {
 	ns, err := s.cfg.PeerNetns(pid)
 	if err != nil {
 		return nil, err
@@ -62,7 +64,7 @@ func (s *Server) newSession(c *net.UnixConn) (*session, error) {
 	if err != nil {
 		return nil, err
 	}
-	ss.pid, ss.log = pid, s.log.With("pid", pid)
+	ss.pid, ss.uid, ss.log = pid, uid, s.log.With("pid", pid, "uid", uid)
 	return ss, nil
 }
 
@@ -84,13 +86,35 @@ func (s *Server) newSessionFor(c *net.UnixConn, ns uint64) (*session, error) {
 // waits for ss.mu.
 func (ss *session) device() *Device { return ss.opened.Load() }
 
+// requestBuf holds the largest request: each session reads into a
+// buffer of its own, and one of abi.MaxMessage (64 KiB) made a thousand
+// idle connections cost 64 MiB. A longer message is malformed
+// (shmem.ErrTruncated) and ends the session.
+var requestBuf = abi.HeaderLen + maxSize(&abi.OpenRequest{}, &abi.RegMRRequest{}, &abi.CreateCQRequest{},
+	&abi.CreateQPRequest{}, &abi.ModifyQPRequest{}, &abi.HandleRequest{}, &abi.CreateSRQRequest{},
+	&abi.ModifySRQRequest{}, &abi.CreateAHRequest{})
+
+// maxSize returns the largest encoded size of vs.
+func maxSize(vs ...any) int {
+	n := 0
+	for _, v := range vs {
+		n = max(n, binary.Size(v))
+	}
+	return n
+}
+
+// maxRequestFds is the most descriptors a request may bring; more end
+// the session (shmem.ErrTruncated), and the kernel closes what did not
+// fit.
+const maxRequestFds = 4
+
 // run serves the client's requests until it goes, then destroys its
 // objects.
 func (ss *session) run() {
 	defer ss.teardown()
-	buf := make([]byte, abi.MaxMessage)
+	buf := make([]byte, requestBuf)
 	for {
-		n, fds, err := shmem.RecvMsg(ss.conn, buf, 4)
+		n, fds, err := shmem.RecvMsg(ss.conn, buf, maxRequestFds)
 		if err != nil {
 			if !errors.Is(err, net.ErrClosed) {
 				ss.log.Debug("client gone", "err", err)
@@ -103,9 +127,13 @@ func (ss *session) run() {
 			ss.log.Warn("bad message, client disconnected", "err", err)
 			return
 		}
-		reply, rfds, err := ss.handle(h.Op, body, fds)
+		in := received(fds)
+		reply, rfds, err := ss.handle(h.Op, body, in)
+		// What the request brought and its op did not keep is closed
+		// before the reply goes, whatever the answer: a client cannot
+		// make the appliance hold descriptors by attaching them.
+		in.close()
 		if err != nil {
-			closeFds(fds)
 			ss.log.Warn("bad request, client disconnected", "op", h.Op, "err", err)
 			return
 		}
@@ -120,23 +148,70 @@ func (ss *session) run() {
 	}
 }
 
+// send sends a message within the reply timeout. A client that leaves
+// its replies unread for that long is disconnected: its session would
+// otherwise hold a reply, a goroutine and its objects for as long as it
+// liked.
 func (ss *session) send(msg []byte, fds ...int) error {
 	ss.wmu.Lock()
 	defer ss.wmu.Unlock()
-	return shmem.SendMsg(ss.conn, msg, fds...)
+	_ = ss.conn.SetWriteDeadline(time.Now().Add(ss.srv.cfg.ReplyTimeout))
+	err := shmem.SendMsg(ss.conn, msg, fds...)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		ss.log.Warn("client left its replies unread; disconnected", "timeout", ss.srv.cfg.ReplyTimeout)
+		ss.conn.Close() // ends run, which tears the session down
+	}
+	return err
 }
+
+// maxPendingEvents bounds the events on their way to one client; a
+// client that lets more pile up is not reading them, and is
+// disconnected.
+const maxPendingEvents = 64
 
 // event sends an asynchronous event; a client that is gone misses it.
 func (ss *session) event(typ uint32, h abi.Handle) {
 	msg, err := abi.Encode(nil, abi.Header{Op: abi.OpEvent, Flags: abi.FlagEvent}, &abi.Event{Type: typ, Handle: h, Port: 1})
-	if err == nil {
-		go func() { _ = ss.send(msg) }() // never block an engine callback on the socket
+	if err != nil {
+		return
 	}
+	if ss.pending.Add(1) > maxPendingEvents {
+		ss.pending.Add(-1)
+		ss.log.Warn("client left its events unread; disconnected", "events", maxPendingEvents)
+		ss.conn.Close()
+		return
+	}
+	go func() { // never block an engine callback on the socket
+		defer ss.pending.Add(-1)
+		_ = ss.send(msg)
+	}()
 }
 
 func closeFds(fds []int) {
 	for _, fd := range fds {
 		_ = syscall.Close(fd)
+	}
+}
+
+// received are the descriptors a request brought. The op that keeps one
+// takes it; the session closes the rest once the request is handled, on
+// every path, so that what a client attaches cannot pile up here.
+type received []int
+
+// take hands descriptor i over to the caller, who then owns it.
+func (r received) take(i int) int {
+	fd := r[i]
+	r[i] = -1
+	return fd
+}
+
+// close closes the descriptors not taken.
+func (r received) close() {
+	for i, fd := range r {
+		if fd >= 0 {
+			_ = syscall.Close(fd)
+			r[i] = -1
+		}
 	}
 }
 
@@ -148,14 +223,14 @@ func errno(e syscall.Errno, format string, args ...any) error {
 // handle dispatches one request. It returns the reply body and the fds to
 // send with it; an error means the request was malformed and the client
 // is cut off. A verbs failure is not an error here: it is an errno in the
-// reply.
-func (ss *session) handle(op abi.Op, body []byte, fds []int) (any, []int, error) {
+// reply. The op that keeps a descriptor of fds takes it (reg-mr, its
+// region's memfd); the caller closes the others.
+func (ss *session) handle(op abi.Op, body []byte, fds received) (any, []int, error) {
 	if op == abi.OpEvent {
 		return nil, nil, fmt.Errorf("%w: events go to clients, not from them", abi.ErrOp)
 	}
-	needFd := op == abi.OpRegMR
-	if needFd != (len(fds) == 1) {
-		return nil, nil, fmt.Errorf("%v with %d descriptors", op, len(fds))
+	if want := fdsOf(op); len(fds) != want {
+		return nil, nil, fmt.Errorf("%w: %v with %d descriptors, it takes %d", errDescriptors, op, len(fds), want)
 	}
 	decode := func(v any) error { return abi.DecodeBody(body, v) }
 	if op != abi.OpListDevices && op != abi.OpOpen {
@@ -198,9 +273,8 @@ func (ss *session) handle(op abi.Op, body []byte, fds []int) (any, []int, error)
 		if err := decode(&r); err != nil {
 			return nil, nil, err
 		}
-		rep, err := ss.regMR(&r, fds[0])
+		rep, err := ss.regMR(&r, fds)
 		if err != nil {
-			_ = syscall.Close(fds[0])
 			return &abi.RegMRReply{Errno: abi.ErrnoOf(err)}, nil, nil
 		}
 		return rep, nil, nil
@@ -282,6 +356,19 @@ func (ss *session) handle(op abi.Op, body []byte, fds []int) (any, []int, error)
 	return nil, nil, fmt.Errorf("%w: %v from a client", abi.ErrOp, op)
 }
 
+// errDescriptors is the error of a request with descriptors its op does
+// not take, or without the one it needs.
+var errDescriptors = errors.New("wrong number of descriptors")
+
+// fdsOf returns how many descriptors a request of op brings: reg-mr its
+// region's memfd, the others none.
+func fdsOf(op abi.Op) int {
+	if op == abi.OpRegMR {
+		return 1
+	}
+	return 0
+}
+
 // handle allocates the next object handle; ss.mu is held.
 func (ss *session) newHandle() abi.Handle {
 	ss.next++
@@ -300,6 +387,7 @@ func (ss *session) teardown() {
 	}
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
+	ss.giveAll()
 	dev := ss.dev
 	for h, q := range ss.qps {
 		q.kill(dev, ss.srv.cfg.Linger)
@@ -339,6 +427,25 @@ func (ss *session) teardown() {
 		ss.kick = nil
 	}
 	ss.conn.Close()
+}
+
+// giveAll returns to the appliance's pools what the session's objects
+// and doorbell took; ss.mu is held, and they are about to go.
+func (ss *session) giveAll() {
+	ps := ss.srv.pools
+	for _, x := range []struct {
+		p *pool
+		n int
+	}{{&ps.qps, len(ss.qps)}, {&ps.cqs, len(ss.cqs)}, {&ps.srqs, len(ss.srqs)}, {&ps.mrs, len(ss.mrs)}, {&ps.channels, len(ss.chans)}} {
+		x.p.give(int64(x.n))
+		ps.fds.give(int64(x.n * fdsObject))
+	}
+	ps.pds.give(int64(len(ss.pds)))
+	ps.ahs.give(int64(len(ss.ahs)))
+	ps.mrBytes.give(ss.mrBytes)
+	if ss.kick != nil {
+		ps.fds.give(fdsOpen)
+	}
 }
 
 // deviceGone handles the withdrawal of the session's device.
