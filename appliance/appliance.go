@@ -36,13 +36,22 @@ func ParsePollMode(s string) (PollMode, error) { return poll.ParseMode(s) }
 type Options struct {
 	// Socket is the control socket (default control.DefaultSocket).
 	Socket string
-	// Limits per client, and how the appliance waits for their posts and
-	// for its ports' frames.
-	Limits control.Limits
-	Poll   PollMode
+	// SocketMode and SocketGID give the socket file its permission bits
+	// and group (control.Config).
+	SocketMode os.FileMode
+	SocketGID  int
+	// Limits per client, and of all clients together (control.Config),
+	// and how the appliance waits for their posts and for its ports'
+	// frames.
+	Limits          control.Limits
+	ApplianceLimits control.ApplianceLimits
+	Poll            PollMode
 	// LocalSwitch lets traffic between the appliance's own ports cross in
 	// memory instead of through their TAPs.
 	LocalSwitch bool
+	// ListAllDevices lists every device to every client
+	// (control.Config).
+	ListAllDevices bool
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 	// Linger is how long a destroyed or dead client's QP answers its peer
@@ -158,7 +167,8 @@ func New(opt Options) (*Appliance, error) {
 		defer close(a.loopDone)
 		a.loop.Run(ctx)
 	}()
-	a.ctrl = control.New(control.Config{Socket: opt.Socket, Limits: opt.Limits, Loop: a.loop, Logger: opt.Logger,
+	a.ctrl = control.New(control.Config{Socket: opt.Socket, SocketMode: opt.SocketMode, SocketGID: opt.SocketGID, Limits: opt.Limits,
+		ApplianceLimits: opt.ApplianceLimits, ListAllDevices: opt.ListAllDevices, Loop: a.loop, Logger: opt.Logger,
 		PeerNetns: opt.PeerNetns, Linger: opt.Linger})
 	return a, nil
 }

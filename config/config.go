@@ -23,6 +23,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/netip"
 	"path"
@@ -40,6 +41,17 @@ import (
 const (
 	// DefaultSocket is the control socket's path when the file gives none.
 	DefaultSocket = abi.DefaultSocket
+	// DefaultSocketMode is the control socket file's permission bits when
+	// the file gives none: every local user may connect, as every user
+	// may open /dev/infiniband/uverbs* where rdma-core is installed. Pods
+	// run as many users and reach the socket through the directory they
+	// mount, which is what decides who sees it; a client may open only
+	// its own network namespace's device, and the limits bound what any
+	// user can take.
+	DefaultSocketMode fs.FileMode = 0o666
+	// MaxGroupName bounds socket_group's name, as shadow's tools bound
+	// group names.
+	MaxGroupName = 32
 	// DefaultAdminSocket is the admin API socket's path when the file
 	// gives none.
 	DefaultAdminSocket = "/run/taproce/admin.sock"
@@ -84,13 +96,32 @@ const (
 
 // Default per-client limits, those of the control server.
 const (
-	DefaultQPs     = 1024
-	DefaultCQs     = 1024
-	DefaultSRQs    = 256
-	DefaultMRs     = 4096
-	DefaultPDs     = 256
-	DefaultAHs     = 4096
-	DefaultMRBytes = 16 << 30
+	DefaultQPs      = 1024
+	DefaultCQs      = 1024
+	DefaultSRQs     = 256
+	DefaultMRs      = 4096
+	DefaultPDs      = 256
+	DefaultAHs      = 4096
+	DefaultChannels = 1024
+	DefaultMRBytes  = 16 << 30
+)
+
+// Default appliance-wide limits, those of the control server; their
+// descriptors are left to RLIMIT_NOFILE.
+const (
+	DefaultApplianceQPs      = 16384
+	DefaultApplianceCQs      = 16384
+	DefaultApplianceSRQs     = 4096
+	DefaultApplianceMRs      = 65536
+	DefaultAppliancePDs      = 16384
+	DefaultApplianceAHs      = 65536
+	DefaultApplianceChannels = 16384
+	DefaultApplianceMRBytes  = 1 << 40
+	DefaultConnections       = 4096
+	DefaultConnectionsPerUID = 2048
+	// MinDescriptors is the fewest descriptors for clients a configured
+	// appliance_limits.descriptors gives: fewer serve hardly one.
+	MinDescriptors = 16
 )
 
 // Poll modes; see Config.Poll. They are the names the appliance's
@@ -136,6 +167,21 @@ type Config struct {
 	// Socket is the path of the control socket (a name starting with '@'
 	// is a Linux abstract socket).
 	Socket string
+	// SocketMode is the control socket file's permission bits, within
+	// 0600..0777: connecting needs write permission, and the owner (the
+	// appliance's user) must be able to, for the health check connects.
+	// An abstract socket has no file; it takes only DefaultSocketMode.
+	SocketMode fs.FileMode
+	// SocketGroup is the group the control socket file is given: a group
+	// name, or a numeric group ID (which works where the host has no name
+	// for the group pods are given); "" leaves the appliance's own. An
+	// abstract socket takes none.
+	SocketGroup string
+	// ListAllDevices lists every device to every client, those of other
+	// network namespaces marked unusable. Off, a client is shown only the
+	// devices it may open: another namespace's device tells its MAC and
+	// its addresses (its GIDs).
+	ListAllDevices bool
 	// AdminSocket is the path of the admin API's socket, the one the CNI
 	// plugin calls; a file path, not an abstract socket, and not Socket.
 	AdminSocket string
@@ -173,6 +219,9 @@ type Config struct {
 	CPUs string
 	// Limits bound what one client may hold.
 	Limits Limits
+	// ApplianceLimits bound what all clients together may hold, and how
+	// many may be connected.
+	ApplianceLimits ApplianceLimits
 	// Linger is how long a connected RC queue pair keeps answering its
 	// peer after its client destroyed it or died: a retransmission of what
 	// it executed is acknowledged again, anything else NAKed; positive.
@@ -190,13 +239,42 @@ type Config struct {
 // at most MaxLimit.
 type Limits struct {
 	QPs, CQs, SRQs, MRs, PDs, AHs int
+	// Channels are completion channels.
+	Channels int
 	// MRBytes bounds the bytes of all the client's memory regions.
 	MRBytes int64
 }
 
 // DefaultLimits returns the limits of an empty [limits] table.
 func DefaultLimits() Limits {
-	return Limits{QPs: DefaultQPs, CQs: DefaultCQs, SRQs: DefaultSRQs, MRs: DefaultMRs, PDs: DefaultPDs, AHs: DefaultAHs, MRBytes: DefaultMRBytes}
+	return Limits{QPs: DefaultQPs, CQs: DefaultCQs, SRQs: DefaultSRQs, MRs: DefaultMRs, PDs: DefaultPDs, AHs: DefaultAHs,
+		Channels: DefaultChannels, MRBytes: DefaultMRBytes}
+}
+
+// ApplianceLimits bound what all clients together may hold, so that
+// clients each within their Limits cannot together exhaust the appliance,
+// and how many may be connected. Each count is 1..MaxLimit.
+type ApplianceLimits struct {
+	// Limits bound the objects of all clients together.
+	Limits
+	// Connections bounds the clients connected at once, and
+	// ConnectionsPerUID those of one user, so that one user's flood of
+	// connections leaves room for the others.
+	Connections, ConnectionsPerUID int
+	// Descriptors bounds the descriptors the appliance holds for clients
+	// (their sockets, doorbells, completion channels and the memfds of
+	// their rings and memory regions): MinDescriptors..MaxLimit, or 0 for
+	// three quarters of the process's RLIMIT_NOFILE, the rest being the
+	// appliance's own.
+	Descriptors int
+}
+
+// DefaultApplianceLimits returns the limits of an empty
+// [appliance_limits] table.
+func DefaultApplianceLimits() ApplianceLimits {
+	return ApplianceLimits{Limits: Limits{QPs: DefaultApplianceQPs, CQs: DefaultApplianceCQs, SRQs: DefaultApplianceSRQs,
+		MRs: DefaultApplianceMRs, PDs: DefaultAppliancePDs, AHs: DefaultApplianceAHs, Channels: DefaultApplianceChannels,
+		MRBytes: DefaultApplianceMRBytes}, Connections: DefaultConnections, ConnectionsPerUID: DefaultConnectionsPerUID}
 }
 
 // Port is one TAP device in one network namespace and the RoCE endpoint
@@ -235,16 +313,18 @@ type Impair struct {
 // ports.
 func Default() *Config {
 	return &Config{
-		Socket:         DefaultSocket,
-		AdminSocket:    DefaultAdminSocket,
-		MetricsAddress: DefaultMetricsAddress,
-		StateFile:      DefaultStateFile,
-		LogLevel:       DefaultLogLevel,
-		LocalSwitch:    true,
-		Poll:           DefaultPoll,
-		Limits:         DefaultLimits(),
-		Linger:         DefaultLinger,
-		DefaultMTU:     DefaultMTU,
+		Socket:          DefaultSocket,
+		SocketMode:      DefaultSocketMode,
+		AdminSocket:     DefaultAdminSocket,
+		MetricsAddress:  DefaultMetricsAddress,
+		StateFile:       DefaultStateFile,
+		LogLevel:        DefaultLogLevel,
+		LocalSwitch:     true,
+		Poll:            DefaultPoll,
+		Limits:          DefaultLimits(),
+		ApplianceLimits: DefaultApplianceLimits(),
+		Linger:          DefaultLinger,
+		DefaultMTU:      DefaultMTU,
 	}
 }
 
@@ -262,6 +342,9 @@ func (c *Config) ApplyDefaults() {
 	if c.Socket == "" {
 		c.Socket = DefaultSocket
 	}
+	if c.SocketMode == 0 {
+		c.SocketMode = DefaultSocketMode
+	}
 	if c.AdminSocket == "" {
 		c.AdminSocket = DefaultAdminSocket
 	}
@@ -271,17 +354,14 @@ func (c *Config) ApplyDefaults() {
 	if c.Poll == "" {
 		c.Poll = DefaultPoll
 	}
-	def := DefaultLimits()
-	for _, f := range []struct{ v, d *int }{
-		{&c.Limits.QPs, &def.QPs}, {&c.Limits.CQs, &def.CQs}, {&c.Limits.SRQs, &def.SRQs},
-		{&c.Limits.MRs, &def.MRs}, {&c.Limits.PDs, &def.PDs}, {&c.Limits.AHs, &def.AHs},
-	} {
-		if *f.v == 0 {
-			*f.v = *f.d
-		}
+	c.Limits.applyDefaults(DefaultLimits())
+	all := DefaultApplianceLimits()
+	c.ApplianceLimits.applyDefaults(all.Limits)
+	if c.ApplianceLimits.Connections == 0 {
+		c.ApplianceLimits.Connections = all.Connections
 	}
-	if c.Limits.MRBytes == 0 {
-		c.Limits.MRBytes = def.MRBytes
+	if c.ApplianceLimits.ConnectionsPerUID == 0 {
+		c.ApplianceLimits.ConnectionsPerUID = all.ConnectionsPerUID
 	}
 	if c.Linger == 0 {
 		c.Linger = DefaultLinger
@@ -300,6 +380,21 @@ func (c *Config) ApplyDefaults() {
 		if p.MTU == 0 {
 			p.MTU = c.DefaultMTU
 		}
+	}
+}
+
+// applyDefaults fills l's zero fields from def.
+func (l *Limits) applyDefaults(def Limits) {
+	for _, f := range []struct{ v, d *int }{
+		{&l.QPs, &def.QPs}, {&l.CQs, &def.CQs}, {&l.SRQs, &def.SRQs}, {&l.MRs, &def.MRs},
+		{&l.PDs, &def.PDs}, {&l.AHs, &def.AHs}, {&l.Channels, &def.Channels},
+	} {
+		if *f.v == 0 {
+			*f.v = *f.d
+		}
+	}
+	if l.MRBytes == 0 {
+		l.MRBytes = def.MRBytes
 	}
 }
 
@@ -372,6 +467,7 @@ type lineFunc func(key string) int
 func (c *Config) validate(line lineFunc) []*Error {
 	v := validator{line: line}
 	socketOK := v.socket("socket", c.Socket)
+	v.socketAccess(c)
 	if v.socket("admin_socket", c.AdminSocket) {
 		switch {
 		case strings.HasPrefix(c.AdminSocket, "@"):
@@ -403,19 +499,13 @@ func (c *Config) validate(line lineFunc) []*Error {
 	default:
 		v.add("poll", fmt.Sprintf("%q is not one of %s, %s, %s", c.Poll, PollAdaptive, PollBlock, PollSpin), nil)
 	}
-	for _, l := range []struct {
-		key string
-		n   int
-	}{
-		{"limits.qps", c.Limits.QPs}, {"limits.cqs", c.Limits.CQs}, {"limits.srqs", c.Limits.SRQs},
-		{"limits.mrs", c.Limits.MRs}, {"limits.pds", c.Limits.PDs}, {"limits.ahs", c.Limits.AHs},
-	} {
-		if l.n < 1 || l.n > MaxLimit {
-			v.add(l.key, fmt.Sprintf("%d is outside 1..%d", l.n, MaxLimit), nil)
-		}
-	}
-	if c.Limits.MRBytes < 1 {
-		v.add("limits.mr_bytes", fmt.Sprintf("%d is not a positive number of bytes", c.Limits.MRBytes), nil)
+	v.limits("limits", &c.Limits)
+	a := &c.ApplianceLimits
+	v.limits("appliance_limits", &a.Limits)
+	v.count("appliance_limits.connections", a.Connections)
+	v.count("appliance_limits.connections_per_uid", a.ConnectionsPerUID)
+	if d := a.Descriptors; d != 0 && (d < MinDescriptors || d > MaxLimit) {
+		v.add("appliance_limits.descriptors", fmt.Sprintf("%d is outside %d..%d (or 0: three quarters of RLIMIT_NOFILE)", d, MinDescriptors, MaxLimit), nil)
 	}
 	if c.Procs < 0 || c.Procs > MaxProcs {
 		v.add("procs", fmt.Sprintf("%d is outside 0..%d", c.Procs, MaxProcs), nil)
@@ -497,6 +587,83 @@ func (v *validator) socket(key, s string) bool {
 		return true
 	}
 	return false
+}
+
+// limits checks the limits of the table at key.
+func (v *validator) limits(key string, l *Limits) {
+	for _, x := range []struct {
+		key string
+		n   int
+	}{
+		{"qps", l.QPs}, {"cqs", l.CQs}, {"srqs", l.SRQs}, {"mrs", l.MRs}, {"pds", l.PDs}, {"ahs", l.AHs}, {"channels", l.Channels},
+	} {
+		v.count(key+"."+x.key, x.n)
+	}
+	if l.MRBytes < 1 {
+		v.add(key+".mr_bytes", fmt.Sprintf("%d is not a positive number of bytes", l.MRBytes), nil)
+	}
+}
+
+// count checks a limit's count, 1..MaxLimit.
+func (v *validator) count(key string, n int) {
+	if n < 1 || n > MaxLimit {
+		v.add(key, fmt.Sprintf("%d is outside 1..%d", n, MaxLimit), nil)
+	}
+}
+
+// socketAccess checks the control socket's mode and group.
+func (v *validator) socketAccess(c *Config) {
+	abstract := strings.HasPrefix(c.Socket, "@")
+	switch {
+	case c.SocketMode&^fs.ModePerm != 0:
+		v.add("socket_mode", fmt.Sprintf("%#o has bits beyond the permission bits 0777", uint32(c.SocketMode)), nil)
+	case c.SocketMode&0o600 != 0o600:
+		v.add("socket_mode", fmt.Sprintf("%04o does not let the owner read and write; the appliance's health check connects as the owner", uint32(c.SocketMode)), nil)
+	case abstract && c.SocketMode != DefaultSocketMode:
+		v.add("socket_mode", fmt.Sprintf("the control socket %q is abstract: it has no file mode, and any process in the appliance's network namespace may connect", c.Socket), nil)
+	}
+	if c.SocketGroup == "" {
+		return
+	}
+	if abstract {
+		v.add("socket_group", fmt.Sprintf("the control socket %q is abstract: it has no file to give a group", c.Socket), nil)
+		return
+	}
+	if _, err := ParseGroup(c.SocketGroup); err != nil {
+		v.add("socket_group", err.Error(), err)
+	}
+}
+
+// ErrGroup is wrapped by the errors of ParseGroup.
+var ErrGroup = errors.New("not a group name or ID")
+
+// ParseGroup reads a group: a numeric group ID, returned as it is, or a
+// name — up to MaxGroupName bytes of letters, digits, '_', '.' and '-',
+// not starting with '-', optionally ending in '$' as shadow's tools allow
+// — for which it returns -1: looking names up is the caller's business.
+func ParseGroup(s string) (int64, error) {
+	if s != "" && strings.Trim(s, "0123456789") == "" {
+		n, err := strconv.ParseUint(s, 10, 32)
+		if err != nil || n == 1<<32-1 { // (gid_t)-1 means "unchanged" to chown
+			return 0, fmt.Errorf("%q: %w: group IDs are 0..4294967294", s, ErrGroup)
+		}
+		return int64(n), nil
+	}
+	name := strings.TrimSuffix(s, "$")
+	switch {
+	case name == "":
+		return 0, fmt.Errorf("%q: %w", s, ErrGroup)
+	case len(s) > MaxGroupName:
+		return 0, fmt.Errorf("%q is %d bytes long; group names have at most %d: %w", s, len(s), MaxGroupName, ErrGroup)
+	case name[0] == '-':
+		return 0, fmt.Errorf("%q starts with '-': %w", s, ErrGroup)
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '.' || c == '-') {
+			return 0, fmt.Errorf("%q contains %q; group names are letters, digits, '_', '.' and '-': %w", s, rune(c), ErrGroup)
+		}
+	}
+	return -1, nil
 }
 
 // address checks a TCP listening address, host:port with a numeric port;

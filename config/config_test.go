@@ -92,6 +92,9 @@ addresses = ["10.55.0.1/24"]
 `), def(Config{Socket: DefaultSocket, LogLevel: DefaultLogLevel, Ports: []Port{port("lab-a", "10.55.0.1/24")}})},
 		{"every key", doc(`
 socket = "/run/t.sock"
+socket_mode = "0660"
+socket_group = "rdma"
+list_all_devices = true
 admin_socket = "/run/t-admin.sock"
 metrics_address = "[::1]:9100"
 state_file = "/var/lib/taproce/state.json"
@@ -109,7 +112,21 @@ srqs = 1
 mrs = 64
 pds = 2
 ahs = 8
+channels = 4
 mr_bytes = 1048576
+
+[appliance_limits]
+qps = 160
+cqs = 320
+srqs = 10
+mrs = 640
+pds = 20
+ahs = 80
+channels = 40
+mr_bytes = "1GiB"
+connections = 100
+connections_per_uid = 10
+descriptors = 5000
 
 [[port]]
 namespace = "/proc/123/ns/net"
@@ -121,9 +138,11 @@ mtu = 9000
 [port.impair]
 egress = "loss=1%,seed=7"
 ingress = "delay=200us"
-`), &Config{Socket: "/run/t.sock", AdminSocket: "/run/t-admin.sock", MetricsAddress: "[::1]:9100",
+`), &Config{Socket: "/run/t.sock", SocketMode: 0o660, SocketGroup: "rdma", ListAllDevices: true, AdminSocket: "/run/t-admin.sock", MetricsAddress: "[::1]:9100",
 			StateFile: "/var/lib/taproce/state.json", LogLevel: "warn", LocalSwitch: false, Poll: "spin", Procs: 3,
-			Limits: Limits{QPs: 16, CQs: 32, SRQs: 1, MRs: 64, PDs: 2, AHs: 8, MRBytes: 1 << 20},
+			Limits: Limits{QPs: 16, CQs: 32, SRQs: 1, MRs: 64, PDs: 2, AHs: 8, Channels: 4, MRBytes: 1 << 20},
+			ApplianceLimits: ApplianceLimits{Limits: Limits{QPs: 160, CQs: 320, SRQs: 10, MRs: 640, PDs: 20, AHs: 80, Channels: 40, MRBytes: 1 << 30},
+				Connections: 100, ConnectionsPerUID: 10, Descriptors: 5000},
 			Linger: 150 * time.Second, DefaultMTU: 9000, Ports: []Port{{
 				Namespace: "/proc/123/ns/net",
 				Name:      "rxe-peer_0",
@@ -236,6 +255,21 @@ addresses = ["10.0.0.2/8"]
 		{"limit sizes", "limits = {mr_bytes = \"3KiB\", ahs = 16777215}", mod(func(c *Config) { c.Limits.MRBytes, c.Limits.AHs = 3<<10, MaxLimit })},
 		{"limit bytes", "limits.mr_bytes = \"16B\"", mod(func(c *Config) { c.Limits.MRBytes = 16 })},
 		{"limit TiB", "limits.mr_bytes = \"1TiB\"", mod(func(c *Config) { c.Limits.MRBytes = 1 << 40 })},
+		{"some appliance limits", "[appliance_limits]\nconnections = 8\nqps = 2\n", mod(func(c *Config) {
+			c.ApplianceLimits.Connections, c.ApplianceLimits.QPs = 8, 2
+		})},
+		{"appliance limits beside the client's", "[limits]\nchannels = 2\n[appliance_limits]\nchannels = 3\nconnections_per_uid = 1\n", mod(func(c *Config) {
+			c.Limits.Channels, c.ApplianceLimits.Channels, c.ApplianceLimits.ConnectionsPerUID = 2, 3, 1
+		})},
+		{"descriptors from RLIMIT_NOFILE", "appliance_limits.descriptors = 0", Default()},
+		{"fewest descriptors", "appliance_limits.descriptors = 16", mod(func(c *Config) { c.ApplianceLimits.Descriptors = 16 })},
+		{"socket mode of three digits", `socket_mode = "600"`, mod(func(c *Config) { c.SocketMode = 0o600 })},
+		{"socket mode for all", `socket_mode = "0777"`, mod(func(c *Config) { c.SocketMode = 0o777 })},
+		{"socket group ID", "socket_mode = \"0660\"\nsocket_group = \"2000\"\n", mod(func(c *Config) { c.SocketMode, c.SocketGroup = 0o660, "2000" })},
+		{"socket group name", `socket_group = "rdma-users_1.x$"`, mod(func(c *Config) { c.SocketGroup = "rdma-users_1.x$" })},
+		{"abstract socket with the default mode", "socket = \"@t\"\nsocket_mode = \"0666\"\n", mod(func(c *Config) { c.Socket = "@t" })},
+		{"list all devices", `list_all_devices = true`, mod(func(c *Config) { c.ListAllDevices = true })},
+		{"list own devices", `list_all_devices = false`, Default()},
 		{"linger", `linger = "500ms"`, mod(func(c *Config) { c.Linger = 500 * time.Millisecond })},
 		{"procs", `procs = 1`, mod(func(c *Config) { c.Procs = 1 })},
 		{"procs chosen by poll", `procs = 0`, mod(func(c *Config) { c.Procs = 0 })},
@@ -351,6 +385,29 @@ namespace = "a"
 		{"long socket", `socket = "/` + strings.Repeat("s", 107) + `"`, []string{"x.toml:1: socket: \x00is 108 bytes long; unix socket paths have at most 107"}},
 
 		// Sockets and addresses.
+		{"socket mode integer", `socket_mode = 0o660`, []string{`x.toml:1: socket_mode: want a string of octal digits such as "0660", not an integer`}},
+		{"socket mode not octal", `socket_mode = "0668"`, []string{`x.toml:1: socket_mode: "0668" is not a permission mode of octal digits such as "0660" (at most 0777)`}},
+		{"socket mode with setuid", `socket_mode = "4755"`, []string{`x.toml:1: socket_mode: "4755" is not a permission mode`}},
+		{"socket mode too long", `socket_mode = "00660"`, []string{`x.toml:1: socket_mode: "00660" is not a permission mode`}},
+		{"socket mode too short", `socket_mode = "66"`, []string{`x.toml:1: socket_mode: "66" is not a permission mode`}},
+		{"socket mode symbolic", `socket_mode = "u=rw"`, []string{`x.toml:1: socket_mode: "u=rw" is not a permission mode`}},
+		{"socket mode without the owner", "\nsocket_mode = \"0066\"\n", []string{
+			"x.toml:2: socket_mode: 0066 does not let the owner read and write; the appliance's health check connects as the owner",
+		}},
+		{"socket mode of an abstract socket", "socket = \"@t\"\nsocket_mode = \"0600\"\n", []string{
+			`x.toml:2: socket_mode: the control socket "@t" is abstract: it has no file mode, and any process in the appliance's network namespace may connect`,
+		}},
+		{"socket group of an abstract socket", "socket = \"@t\"\nsocket_group = \"rdma\"\n", []string{
+			`x.toml:2: socket_group: the control socket "@t" is abstract: it has no file to give a group`,
+		}},
+		{"socket group with a colon", `socket_group = "a:b"`, []string{`x.toml:1: socket_group: "a:b" contains ':'; group names are letters, digits, '_', '.' and '-': not a group name or ID`}},
+		{"socket group with a space", `socket_group = "rdma users"`, []string{`x.toml:1: socket_group: "rdma users" contains ' '`}},
+		{"socket group starting with a dash", `socket_group = "-rdma"`, []string{`x.toml:1: socket_group: "-rdma" starts with '-': not a group name or ID`}},
+		{"socket group too long", `socket_group = "` + strings.Repeat("g", 33) + `"`, []string{"x.toml:1: socket_group: \"ggg\x00is 33 bytes long; group names have at most 32"}},
+		{"socket group ID too large", `socket_group = "4294967295"`, []string{`x.toml:1: socket_group: "4294967295": not a group name or ID: group IDs are 0..4294967294`}},
+		{"socket group dollar only", `socket_group = "$"`, []string{`x.toml:1: socket_group: "$": not a group name or ID`}},
+		{"list_all_devices type", `list_all_devices = "yes"`, []string{"x.toml:1: list_all_devices: want true or false, not a string"}},
+		{"socket group type", `socket_group = 2000`, []string{"x.toml:1: socket_group: want a string, not an integer"}},
 		{"empty admin socket", `admin_socket = ""`, []string{"x.toml:1: admin_socket: must not be empty"}},
 		{"long admin socket", `admin_socket = "/` + strings.Repeat("a", 107) + `"`, []string{"x.toml:1: admin_socket: \x00is 108 bytes long"}},
 		{"abstract admin socket", `admin_socket = "@taproce-admin"`, []string{`x.toml:1: admin_socket: "@taproce-admin" is an abstract socket; the admin socket must be a file`}},
@@ -416,6 +473,43 @@ namespace = "a"
 		{"mr_bytes overflow", "[limits]\nmr_bytes = \"9000000TiB\"\n", []string{`x.toml:2: limits.mr_bytes: "9000000TiB" is more than 9223372036854775807 bytes`}},
 		{"mr_bytes negative", "[limits]\nmr_bytes = -5\n", []string{"x.toml:2: limits.mr_bytes: -5 is not a positive number of bytes"}},
 		{"mr_bytes type", "[limits]\nmr_bytes = true\n", []string{`x.toml:2: limits.mr_bytes: want an integer or a size such as "16GiB", not a boolean`}},
+		{"channels", "[limits]\nchannels = 0\n", []string{"x.toml:2: limits.channels: 0 is outside 1..16777215"}},
+		{"appliance limits is not a table", `appliance_limits = "all"`, []string{"x.toml:1: appliance_limits: want a table ([appliance_limits]), not a string"}},
+		{"unknown appliance limit", "[appliance_limits]\nconnection = 5\nconnections_per_user = 1\n", []string{
+			`x.toml:2: appliance_limits.connection: unknown key (did you mean "connections"?)`,
+			"x.toml:3: appliance_limits.connections_per_user: unknown key",
+		}},
+		{"connections limits per client", "[limits]\nconnections = 5\n", []string{`x.toml:2: limits.connections: unknown key`}},
+		{"zero and negative appliance limits", doc(`
+[appliance_limits]
+qps = 0
+cqs = -1
+srqs = 16777216
+mrs = 0
+pds = 0
+ahs = 0
+channels = 0
+mr_bytes = 0
+connections = 0
+connections_per_uid = -2
+descriptors = 15
+`), []string{
+			"x.toml:2: appliance_limits.qps: 0 is outside 1..16777215",
+			"x.toml:3: appliance_limits.cqs: -1 is outside 1..16777215",
+			"x.toml:4: appliance_limits.srqs: 16777216 is outside 1..16777215",
+			"x.toml:5: appliance_limits.mrs: 0 is outside 1..16777215",
+			"x.toml:6: appliance_limits.pds: 0 is outside 1..16777215",
+			"x.toml:7: appliance_limits.ahs: 0 is outside 1..16777215",
+			"x.toml:8: appliance_limits.channels: 0 is outside 1..16777215",
+			"x.toml:9: appliance_limits.mr_bytes: 0 is not a positive number of bytes",
+			"x.toml:10: appliance_limits.connections: 0 is outside 1..16777215",
+			"x.toml:11: appliance_limits.connections_per_uid: -2 is outside 1..16777215",
+			"x.toml:12: appliance_limits.descriptors: 15 is outside 16..16777215 (or 0: three quarters of RLIMIT_NOFILE)",
+		}},
+		{"appliance limit type", "[appliance_limits]\nconnections = \"many\"\nmr_bytes = \"1 GB\"\n", []string{
+			"x.toml:2: appliance_limits.connections: want an integer, not a string",
+			`x.toml:3: appliance_limits.mr_bytes: "1 GB" is not a size`,
+		}},
 
 		// Namespace.
 		{"missing namespace", "[[port]]\naddresses = [\"10.0.0.1/8\"]\n", []string{
@@ -669,7 +763,7 @@ func TestExampleFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, keys := range [][]string{topKeys, limitsKeys, portKeys, impairKeys} {
+	for _, keys := range [][]string{topKeys, limitsKeys, applianceLimitsKeys, portKeys, impairKeys} {
 		for _, k := range keys {
 			if !strings.Contains(string(data), "\n"+k+" = ") && !strings.Contains(string(data), "[port."+k+"]") &&
 				!strings.Contains(string(data), "[["+k+"]]") && !strings.Contains(string(data), "\n["+k+"]") {
@@ -720,6 +814,7 @@ func TestValidate(t *testing.T) {
 		{"no ports", func(c *Config) { c.Ports = nil }, nil},
 		{"zero config", func(c *Config) { *c = Config{} }, []string{
 			"socket: must not be empty",
+			"socket_mode: 0000 does not let the owner read and write",
 			"admin_socket: must not be empty",
 			`log_level: "" is not one of debug, info, warn, error`,
 			`poll: "" is not one of adaptive, block, spin`,
@@ -729,7 +824,18 @@ func TestValidate(t *testing.T) {
 			"limits.mrs: 0 is outside 1..16777215",
 			"limits.pds: 0 is outside 1..16777215",
 			"limits.ahs: 0 is outside 1..16777215",
+			"limits.channels: 0 is outside 1..16777215",
 			"limits.mr_bytes: 0 is not a positive number of bytes",
+			"appliance_limits.qps: 0 is outside 1..16777215",
+			"appliance_limits.cqs: 0 is outside 1..16777215",
+			"appliance_limits.srqs: 0 is outside 1..16777215",
+			"appliance_limits.mrs: 0 is outside 1..16777215",
+			"appliance_limits.pds: 0 is outside 1..16777215",
+			"appliance_limits.ahs: 0 is outside 1..16777215",
+			"appliance_limits.channels: 0 is outside 1..16777215",
+			"appliance_limits.mr_bytes: 0 is not a positive number of bytes",
+			"appliance_limits.connections: 0 is outside 1..16777215",
+			"appliance_limits.connections_per_uid: 0 is outside 1..16777215",
 			"linger: 0s is not a positive duration",
 			"default_mtu: 0 is outside 576..9216",
 		}},
@@ -752,6 +858,11 @@ func TestValidate(t *testing.T) {
 			c.ApplyDefaults()
 		}, nil},
 		{"socket with NUL", func(c *Config) { c.Socket = "/a\x00b" }, []string{`socket: "/a\x00b" contains a NUL byte`}},
+		{"socket mode with the sticky bit", func(c *Config) { c.SocketMode = 0o1666 }, []string{"socket_mode: 01666 has bits beyond the permission bits 0777"}},
+		{"socket mode of a directory", func(c *Config) { c.SocketMode = fs.ModeDir | 0o666 }, []string{"socket_mode: 020000000666 has bits beyond"}},
+		{"socket mode zero", func(c *Config) { c.SocketMode = 0 }, []string{"socket_mode: 0000 does not let the owner read and write"}},
+		{"socket group", func(c *Config) { c.SocketGroup = "0" }, nil},
+		{"socket group empty name", func(c *Config) { c.SocketGroup = "$" }, []string{`socket_group: "$": not a group name or ID`}},
 		{"namespace with NUL", func(c *Config) { c.Ports[0].Namespace = "a\x00" }, []string{`port[0].namespace: "a\x00" contains a NUL byte`}},
 		{"long namespace", func(c *Config) { c.Ports[0].Namespace = strings.Repeat("n", 256) }, []string{"port[0].namespace: name is 256 bytes long"}},
 		{"short MAC", func(c *Config) { c.Ports[1].MAC = net.HardwareAddr{2, 0, 0} }, []string{"port[1].mac: 02:00:00 is not a 48-bit MAC address"}},
@@ -804,8 +915,8 @@ func TestValidate(t *testing.T) {
 func TestApplyDefaults(t *testing.T) {
 	c := &Config{Ports: []Port{{Namespace: "a"}, {Namespace: "b", Name: "x", Mode: "redirect", MTU: 9000}}}
 	c.ApplyDefaults()
-	want := &Config{Socket: DefaultSocket, AdminSocket: DefaultAdminSocket, LogLevel: DefaultLogLevel, Poll: DefaultPoll,
-		Limits: DefaultLimits(), Linger: DefaultLinger, DefaultMTU: DefaultMTU, Ports: []Port{
+	want := &Config{Socket: DefaultSocket, SocketMode: DefaultSocketMode, AdminSocket: DefaultAdminSocket, LogLevel: DefaultLogLevel, Poll: DefaultPoll,
+		Limits: DefaultLimits(), ApplianceLimits: DefaultApplianceLimits(), Linger: DefaultLinger, DefaultMTU: DefaultMTU, Ports: []Port{
 			{Namespace: "a", Name: DefaultPortName, Mode: ModeBridge, MTU: DefaultMTU},
 			{Namespace: "b", Name: "x", Mode: "redirect", MTU: 9000},
 		}}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"math"
 	"net"
@@ -21,11 +22,13 @@ import (
 
 // The keys each table knows, for unknown-key messages.
 var (
-	topKeys = []string{"socket", "admin_socket", "metrics_address", "state_file", "log_level", "local_switch", "poll",
-		"procs", "cpus", "linger", "default_mtu", "limits", "port"}
-	limitsKeys = []string{"qps", "cqs", "srqs", "mrs", "pds", "ahs", "mr_bytes"}
-	portKeys   = []string{"namespace", "name", "mode", "mac", "addresses", "mtu", "impair"}
-	impairKeys = []string{"ingress", "egress"}
+	topKeys = []string{"socket", "socket_mode", "socket_group", "list_all_devices", "admin_socket", "metrics_address",
+		"state_file", "log_level", "local_switch", "poll", "procs", "cpus", "linger", "default_mtu", "limits",
+		"appliance_limits", "port"}
+	limitsKeys          = []string{"qps", "cqs", "srqs", "mrs", "pds", "ahs", "channels", "mr_bytes"}
+	applianceLimitsKeys = append(slices.Clone(limitsKeys), "connections", "connections_per_uid", "descriptors")
+	portKeys            = []string{"namespace", "name", "mode", "mac", "addresses", "mtu", "impair"}
+	impairKeys          = []string{"ingress", "egress"}
 )
 
 // Load reads and parses the configuration file at path. Errors reading the
@@ -170,6 +173,24 @@ func (d *decoder) integer(key string, v any, dst *int, lo, hi int) {
 	}
 }
 
+// mode stores v into *dst if it is a file mode written as a string of
+// three or four octal digits, "0660" or "660" as chmod and systemd's
+// SocketMode take it. A TOML integer is refused: 0660 is not one, and
+// 0o660 reads back as 432 in every message.
+func (d *decoder) mode(key string, v any, dst *fs.FileMode) {
+	s, ok := v.(string)
+	if !ok {
+		d.fail(key, "want a string of octal digits such as \"0660\", not "+typeName(v), nil)
+		return
+	}
+	n, err := strconv.ParseUint(s, 8, 32)
+	if err != nil || len(s) < 3 || len(s) > 4 || len(s) == 4 && s[0] != '0' {
+		d.fail(key, fmt.Sprintf("%q is not a permission mode of octal digits such as \"0660\" (at most 0777)", s), nil)
+		return
+	}
+	*dst = fs.FileMode(n)
+}
+
 // duration stores v into *dst if it is a Go duration string.
 func (d *decoder) duration(key string, v any, dst *time.Duration) {
 	var s string
@@ -193,6 +214,12 @@ func (d *decoder) config(raw map[string]any) *Config {
 		switch k {
 		case "socket":
 			d.str(k, v, &c.Socket)
+		case "socket_mode":
+			d.mode(k, v, &c.SocketMode)
+		case "socket_group":
+			d.str(k, v, &c.SocketGroup)
+		case "list_all_devices":
+			d.boolean(k, v, &c.ListAllDevices)
 		case "admin_socket":
 			d.str(k, v, &c.AdminSocket)
 		case "metrics_address":
@@ -215,6 +242,8 @@ func (d *decoder) config(raw map[string]any) *Config {
 			d.integer(k, v, &c.DefaultMTU, MinMTU, MaxMTU)
 		case "limits":
 			c.Limits = d.limits(k, v)
+		case "appliance_limits":
+			c.ApplianceLimits = d.applianceLimits(k, v)
 		case "port":
 			ports, explicitMTU = d.ports(k, v)
 		default:
@@ -236,11 +265,45 @@ func (d *decoder) config(raw map[string]any) *Config {
 
 func (d *decoder) limits(key string, v any) Limits {
 	l := DefaultLimits()
+	if m := d.table(key, v); m != nil {
+		d.limitKeys(key, m, &l, limitsKeys, nil)
+	}
+	return l
+}
+
+func (d *decoder) applianceLimits(key string, v any) ApplianceLimits {
+	l := DefaultApplianceLimits()
+	if m := d.table(key, v); m != nil {
+		d.limitKeys(key, m, &l.Limits, applianceLimitsKeys, func(k, kk string, v any) bool {
+			switch k {
+			case "connections":
+				d.integer(kk, v, &l.Connections, 1, MaxLimit)
+			case "connections_per_uid":
+				d.integer(kk, v, &l.ConnectionsPerUID, 1, MaxLimit)
+			case "descriptors":
+				d.integer(kk, v, &l.Descriptors, MinDescriptors, MaxLimit)
+			default:
+				return false
+			}
+			return true
+		})
+	}
+	return l
+}
+
+// table returns v if it is a table, the one at key.
+func (d *decoder) table(key string, v any) map[string]any {
 	m, ok := v.(map[string]any)
 	if !ok {
-		d.fail(key, "want a table ([limits]), not "+typeName(v), nil)
-		return l
+		d.fail(key, fmt.Sprintf("want a table ([%s]), not %s", key, typeName(v)), nil)
+		return nil
 	}
+	return m
+}
+
+// limitKeys decodes the object limits of the table m at key into l, and
+// its other keys with more, which reports whether it knew the key.
+func (d *decoder) limitKeys(key string, m map[string]any, l *Limits, known []string, more func(k, kk string, v any) bool) {
 	for _, k := range slices.Sorted(maps.Keys(m)) {
 		v, kk := m[k], childKey(key, k)
 		switch k {
@@ -256,13 +319,16 @@ func (d *decoder) limits(key string, v any) Limits {
 			d.integer(kk, v, &l.PDs, 1, MaxLimit)
 		case "ahs":
 			d.integer(kk, v, &l.AHs, 1, MaxLimit)
+		case "channels":
+			d.integer(kk, v, &l.Channels, 1, MaxLimit)
 		case "mr_bytes":
 			d.bytes(kk, v, &l.MRBytes)
 		default:
-			d.unknown(key, k, limitsKeys)
+			if more == nil || !more(k, kk, v) {
+				d.unknown(key, k, known)
+			}
 		}
 	}
-	return l
 }
 
 // byteUnits are the suffixes a size string may have.

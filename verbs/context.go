@@ -267,35 +267,55 @@ type DeviceInfo struct {
 	NodeGUID uint64
 	MAC      net.HardwareAddr
 	// Usable says whether this process may open it: a device serves the
-	// processes of its own network namespace.
+	// processes of its own network namespace. Others are listed only by
+	// an appliance that lists all devices.
 	Usable bool
 	PortUp bool
 	MTU    int
 	GIDs   []netip.Addr
 }
 
-// Devices lists the appliance's devices.
+// Devices lists the appliance's devices that this process is shown:
+// those it may use, or all of them when the appliance lists all
+// (ListDevices tells which).
 func Devices(ctx context.Context) ([]DeviceInfo, error) {
+	l, err := ListDevices(ctx)
+	return l.Devices, err
+}
+
+// DeviceList is what the appliance shows this process of its devices.
+type DeviceList struct {
+	Devices []DeviceInfo
+	// OthersHidden says the appliance showed only the devices of this
+	// process's network namespace, as it does unless its operator lets it
+	// list all (list_all_devices): whether others exist, this process
+	// cannot tell.
+	OthersHidden bool
+}
+
+// ListDevices lists the appliance's devices that this process is shown,
+// and whether the devices of other namespaces were left out.
+func ListDevices(ctx context.Context) (DeviceList, error) {
 	cn, err := dial(ctx)
 	if err != nil {
-		return nil, err
+		return DeviceList{}, err
 	}
 	defer cn.close()
 	var r abi.ListDevicesReply
 	if _, err := cn.call(ctx, abi.OpListDevices, nil, &r); err != nil {
-		return nil, err
+		return DeviceList{}, err
 	}
 	if err := errnoOf(abi.OpListDevices, r.Errno); err != nil {
-		return nil, err
+		return DeviceList{}, err
 	}
-	out := make([]DeviceInfo, 0, r.Count)
+	out := DeviceList{Devices: make([]DeviceInfo, 0, r.Count), OthersHidden: r.OthersHidden == 1}
 	for _, d := range r.Devices[:min(int(r.Count), len(r.Devices))] {
 		info := DeviceInfo{Name: d.Name.String(), NodeGUID: d.NodeGUID, MAC: net.HardwareAddr(append([]byte(nil), d.MAC[:]...)),
 			Usable: d.Usable == 1, PortUp: d.PortUp == 1, MTU: int(d.MTU)}
 		for _, g := range d.GIDs[:min(int(d.NumGIDs), len(d.GIDs))] {
 			info.GIDs = append(info.GIDs, netip.AddrFrom16(g).Unmap())
 		}
-		out = append(out, info)
+		out.Devices = append(out.Devices, info)
 	}
 	return out, nil
 }

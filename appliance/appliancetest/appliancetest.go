@@ -47,6 +47,13 @@ type Options struct {
 	Egress impair.Spec
 	// Linger is control.Config.Linger (0: the default).
 	Linger time.Duration
+	// ListAllDevices lists the devices to clients of other namespaces
+	// too (Elsewhere).
+	ListAllDevices bool
+	// Limits and ApplianceLimits are the control server's (zero: the
+	// defaults).
+	Limits          control.Limits
+	ApplianceLimits control.ApplianceLimits
 	// Logger (default: discard).
 	Logger *slog.Logger
 }
@@ -102,7 +109,7 @@ func newAt(t testing.TB, o Options, socket string) *Rig {
 		t.Fatal(err)
 	}
 	app, err := appliance.New(appliance.Options{Socket: r.Socket, LocalSwitch: o.LocalSwitch, Poll: o.Poll, Logger: o.Logger,
-		Linger: o.Linger, PeerNetns: func(int32) (uint64, error) {
+		Linger: o.Linger, Limits: o.Limits, ApplianceLimits: o.ApplianceLimits, ListAllDevices: o.ListAllDevices, PeerNetns: func(int32) (uint64, error) {
 			if r.Elsewhere.Load() {
 				return self + 1, nil
 			}

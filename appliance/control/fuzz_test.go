@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -46,41 +47,55 @@ func socketPair(t testing.TB) (*net.UnixConn, *net.UnixConn) {
 }
 
 // FuzzControl: arbitrary requests, one after another on one opened
-// session, never panic the server; whatever the session made is torn down.
+// session, each with as many descriptors attached as the input chooses
+// (none to more than a message may bring: a pipe's ends and a memfd
+// reg-mr can map), never panic the server, always get a reply or a
+// hang-up, and leave no descriptor open once the session has ended:
+// whatever a request brings is closed unless its op keeps it, and what
+// the session made is torn down and given back to the appliance's limits.
 func FuzzControl(f *testing.F) {
 	seed := func(op abi.Op, body any) []byte {
 		m, _ := abi.Encode(nil, abi.Header{Op: op, Seq: 1}, body)
 		return m
 	}
-	f.Add(seed(abi.OpAllocPD, nil), seed(abi.OpCreateCQ, &abi.CreateCQRequest{Depth: 8}))
+	f.Add(seed(abi.OpAllocPD, nil), seed(abi.OpCreateCQ, &abi.CreateCQRequest{Depth: 8}), uint8(0), uint8(0))
 	f.Add(seed(abi.OpCreateCQ, &abi.CreateCQRequest{Depth: 4}),
-		seed(abi.OpCreateQP, &abi.CreateQPRequest{PD: 1, SendCQ: 1, RecvCQ: 1, Type: 2, Caps: abi.QPCaps{MaxSendWR: 4, MaxRecvWR: 4}}))
-	f.Add(seed(abi.OpModifyQP, &abi.ModifyQPRequest{Handle: 3, Mask: 1 | 16 | 32 | 8, Attr: abi.QPAttr{State: 1, Port: 1}}), []byte{})
-	f.Add(seed(abi.OpCreateAH, &abi.CreateAHRequest{PD: 1, SGIDIndex: 1}), seed(abi.OpDestroyCQ, &abi.HandleRequest{Handle: 2}))
-	dev := fuzzDevice()
-	srv := New(Config{Socket: "/nonexistent"})
-	f.Fuzz(func(t *testing.T, a, b []byte) {
-		c1, c2 := socketPair(t)
-		defer c2.Close()
-		ss, err := srv.newSessionFor(c1, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ss.dev = dev // as open leaves them, without its doorbell and poller
-		ss.opened.Store(dev)
-		// The usual start: a PD, a CQ, a QP; then the fuzzer's requests.
-		msgs := [][]byte{seedMsg(abi.OpAllocPD, nil), seedMsg(abi.OpCreateCQ, &abi.CreateCQRequest{Depth: 8}),
-			seedMsg(abi.OpCreateQP, &abi.CreateQPRequest{PD: 1, SendCQ: 2, RecvCQ: 2, Type: 2, Caps: abi.QPCaps{MaxSendWR: 4, MaxRecvWR: 4}}), a, b}
+		seed(abi.OpCreateQP, &abi.CreateQPRequest{PD: 1, SendCQ: 1, RecvCQ: 1, Type: 2, Caps: abi.QPCaps{MaxSendWR: 4, MaxRecvWR: 4}}), uint8(0), uint8(0))
+	f.Add(seed(abi.OpModifyQP, &abi.ModifyQPRequest{Handle: 3, Mask: 1 | 16 | 32 | 8, Attr: abi.QPAttr{State: 1, Port: 1}}), []byte{}, uint8(0), uint8(0))
+	f.Add(seed(abi.OpCreateAH, &abi.CreateAHRequest{PD: 1, SGIDIndex: 1}), seed(abi.OpDestroyCQ, &abi.HandleRequest{Handle: 2}), uint8(0), uint8(0))
+	f.Add(seed(abi.OpListDevices, nil), seed(abi.OpAllocPD, nil), uint8(4), uint8(2))
+	f.Add(seed(abi.OpRegMR, &abi.RegMRRequest{PD: 1, Addr: 0x1000, Length: 4096, Size: 4096, Access: 1}),
+		seed(abi.OpDeregMR, &abi.HandleRequest{Handle: 4}), uint8(1), uint8(0))
+	f.Add(seed(abi.OpRegMR, &abi.RegMRRequest{PD: 1, Addr: 0x1000, Length: 4096, Size: 4096, Access: 1}),
+		seed(abi.OpRegMR, &abi.RegMRRequest{PD: 1, Length: 1, Size: 4096}), uint8(1), uint8(9))
+	f.Add([]byte{1, 2, 3}, seed(abi.OpQueryPort, nil), uint8(4), uint8(1))
+	srv := New(Config{Socket: "/nonexistent", Logger: slog.New(slog.DiscardHandler)})
+	fds := attachable(f, 9, true)
+	f.Fuzz(func(t *testing.T, a, b []byte, fdsA, fdsB uint8) {
+		check := leakCheck(t, fds)
+		client, done := fdSession(t, srv, true)
+		// The usual start: a CQ and a QP (the PD is there); then the
+		// fuzzer's requests.
+		msgs := []struct {
+			m []byte
+			n uint8
+		}{{seedMsg(abi.OpCreateCQ, &abi.CreateCQRequest{Depth: 8}), 0},
+			{seedMsg(abi.OpCreateQP, &abi.CreateQPRequest{PD: 1, SendCQ: 2, RecvCQ: 2, Type: 2, Caps: abi.QPCaps{MaxSendWR: 4, MaxRecvWR: 4}}), 0},
+			{a, fdsA}, {b, fdsB}}
 		for _, m := range msgs {
-			h, body, err := abi.DecodeHeader(m)
-			if err != nil {
+			if len(m.m) == 0 { // a message, not an end of file
 				continue
 			}
-			if _, fds, err := ss.handle(h.Op, body, nil); err == nil {
-				closeFds(fds)
+			if _, err := exchange(t, client, m.m, fds[:int(m.n)%(len(fds)+1)]...); err != nil {
+				break
 			}
 		}
-		ss.teardown()
+		client.Close()
+		<-done
+		check()
+		if held := srv.pools.held(); len(held) != 0 {
+			t.Fatalf("the appliance's limits still count %v", held)
+		}
 	})
 }
 

@@ -3,7 +3,6 @@ package control
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/bits"
@@ -77,11 +76,20 @@ func nextPow2(n uint32) uint32 {
 	return 1 << bits.Len32(n-1)
 }
 
+// listDevices lists the devices the client may open, or with
+// ListAllDevices every device.
 func (ss *session) listDevices() *abi.ListDevicesReply {
 	r := &abi.ListDevicesReply{}
+	all := ss.srv.cfg.ListAllDevices
+	if !all {
+		r.OthersHidden = 1
+	}
 	for _, d := range ss.srv.Devices() {
 		if int(r.Count) == len(r.Devices) {
 			break
+		}
+		if !all && d.Netns != ss.netns {
+			continue
 		}
 		out := &r.Devices[r.Count]
 		out.Name = abi.MakeName(d.Name)
@@ -155,6 +163,10 @@ func (ss *session) open(name string) (*abi.OpenReply, int, error) {
 	if ss.dev != nil {
 		return nil, 0, errno(syscall.EBUSY, "this connection has a device open")
 	}
+	pools := ss.srv.pools
+	if err := pools.takeFds(fdsOpen); err != nil {
+		return nil, 0, err
+	}
 	// A pipe: a client posts and then polls for the answer, and a pipe's
 	// wakeup lets it go on polling where an eventfd's would preempt it
 	// (shmem.NewPipeDoorbell). A blocking loop sleeps on the read end
@@ -167,6 +179,7 @@ func (ss *session) open(name string) (*abi.OpenReply, int, error) {
 	}
 	kick, err := newKick()
 	if err != nil {
+		pools.fds.give(fdsOpen)
 		return nil, 0, err
 	}
 	ss.dev, ss.kick = d, kick
@@ -198,17 +211,22 @@ func (ss *session) allocPD() (abi.Handle, error) {
 	if len(ss.pds) >= ss.srv.cfg.Limits.PDs {
 		return 0, errno(syscall.ENOMEM, "PD limit %d", ss.srv.cfg.Limits.PDs)
 	}
+	if p := &ss.srv.pools.pds; !p.take(1) {
+		return 0, errno(syscall.ENOMEM, "the appliance's PD limit %d (all clients together)", p.max)
+	}
 	h := ss.newHandle()
 	ss.pds[h] = &pdObj{pd: ss.dev.Engine.Memory().NewPD()}
 	return h, nil
 }
 
-func (ss *session) regMR(r *abi.RegMRRequest, fd int) (*abi.RegMRReply, error) {
+// regMR registers the memfd fds[0]; it takes the descriptor once it is
+// mapped (the region closes it), and leaves it to the caller otherwise.
+func (ss *session) regMR(r *abi.RegMRRequest, fds received) (*abi.RegMRReply, error) {
 	if r.Length == 0 || r.Size > 1<<40 || r.Offset > r.Size || r.Length > r.Size-r.Offset {
 		return nil, errno(syscall.EINVAL, "region of %d bytes at %d in %d", r.Length, r.Offset, r.Size)
 	}
-	return ss.register(r.PD, r.Access, r.Addr, r.Length, func() (*shmem.Region, []byte, error) {
-		region, err := shmem.MapRegion(fd, int(r.Size))
+	return ss.register(r.PD, r.Access, r.Addr, r.Length, fds, func() (*shmem.Region, []byte, error) {
+		region, err := shmem.MapRegion(fds[0], int(r.Size))
 		if err != nil {
 			return nil, nil, err
 		}
@@ -216,12 +234,10 @@ func (ss *session) regMR(r *abi.RegMRRequest, fd int) (*abi.RegMRReply, error) {
 	})
 }
 
-// errFdsTaken marks a failed registration whose descriptors are closed.
-var errFdsTaken = errors.New("descriptors closed")
-
 // regMRSegments registers a region whose pages lie on several memfds
-// (abi.RegMRSegmentsRequest), mapped end to end.
-func (ss *session) regMRSegments(r *abi.RegMRSegmentsRequest, fds []int) (*abi.RegMRReply, error) {
+// (abi.RegMRSegmentsRequest), mapped end to end; it takes the descriptors
+// once they are mapped.
+func (ss *session) regMRSegments(r *abi.RegMRSegmentsRequest, fds received) (*abi.RegMRReply, error) {
 	segs := make([]shmem.Segment, r.NumSegments)
 	var total uint64
 	for i := range segs {
@@ -238,7 +254,7 @@ func (ss *session) regMRSegments(r *abi.RegMRSegmentsRequest, fds []int) (*abi.R
 		r.Lead+r.Length > total || total-last >= r.Lead+r.Length {
 		return nil, errno(syscall.EINVAL, "region of %d bytes at %#x, %d bytes into %d bytes of segments", r.Length, r.Addr, r.Lead, total)
 	}
-	return ss.register(r.PD, r.Access, r.Addr, r.Length, func() (*shmem.Region, []byte, error) {
+	return ss.register(r.PD, r.Access, r.Addr, r.Length, fds, func() (*shmem.Region, []byte, error) {
 		region, err := shmem.MapSegments(segs)
 		if err != nil {
 			return nil, nil, err
@@ -248,9 +264,10 @@ func (ss *session) regMRSegments(r *abi.RegMRSegmentsRequest, fds []int) (*abi.R
 }
 
 // register checks a registration against the PD and the limits, maps its
-// memory with mapMem and registers it. On an error other than errFdsTaken
-// the descriptors mapMem would have taken are still the caller's.
-func (ss *session) register(pdh abi.Handle, access uint32, addr, length uint64, mapMem func() (*shmem.Region, []byte, error)) (*abi.RegMRReply, error) {
+// memory with mapMem — which, when it succeeds, takes every one of fds —
+// and registers it.
+func (ss *session) register(pdh abi.Handle, access uint32, addr, length uint64, fds received,
+	mapMem func() (*shmem.Region, []byte, error)) (*abi.RegMRReply, error) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	pd := ss.pds[pdh]
@@ -266,16 +283,31 @@ func (ss *session) register(pdh abi.Handle, access uint32, addr, length uint64, 
 		// IBA 10.6.3.1: remote write or atomic needs local write.
 		return nil, errno(syscall.EINVAL, "access flags %#x", access)
 	}
+	pools := ss.srv.pools
+	if err := pools.takeObject(&pools.mrs, "MR"); err != nil {
+		return nil, err
+	}
+	if !pools.mrBytes.take(int64(length)) {
+		pools.giveObject(&pools.mrs)
+		return nil, errno(syscall.ENOMEM, "the appliance's MR bytes limit %d (all clients together)", pools.mrBytes.max)
+	}
+	giveBack := func() {
+		pools.giveObject(&pools.mrs)
+		pools.mrBytes.give(int64(length))
+	}
 	region, buf, err := mapMem()
 	if err != nil {
+		giveBack()
 		return nil, errno(syscall.EINVAL, "%v", err)
+	}
+	for i := range fds {
+		fds.take(i)
 	}
 	mr, err := ss.dev.Engine.Memory().Register(pd.pd, addr, buf, abi.Access(access))
 	if err != nil {
-		// The region closes the descriptors it took: errFdsTaken tells
-		// the caller not to close them again.
 		region.Close()
-		return nil, fmt.Errorf("%w: %w", errFdsTaken, err)
+		giveBack()
+		return nil, err
 	}
 	h := ss.newHandle()
 	ss.mrs[h] = &mrObj{pd: pd, mr: mr, region: region, length: int64(length)}
@@ -283,13 +315,30 @@ func (ss *session) register(pdh abi.Handle, access uint32, addr, length uint64, 
 	return &abi.RegMRReply{Handle: h, LKey: mr.LKey, RKey: mr.RKey}, nil
 }
 
+// createChannel makes a completion channel. A client at its own channel
+// limit gets EMFILE, as from a process whose descriptor table is full,
+// for a channel is a descriptor in the kernel's verbs; the appliance
+// out of channels or descriptors for all clients gives ENFILE, as a
+// system out of files does.
 func (ss *session) createChannel() (abi.Handle, int, error) {
-	bell, err := shmem.NewDoorbell()
-	if err != nil {
-		return 0, 0, err
-	}
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
+	if lim := ss.srv.cfg.Limits.Channels; len(ss.chans) >= lim {
+		return 0, 0, errno(syscall.EMFILE, "completion channel limit %d", lim)
+	}
+	pools := ss.srv.pools
+	if !pools.channels.take(1) {
+		return 0, 0, errno(syscall.ENFILE, "the appliance's completion channel limit %d (all clients together)", pools.channels.max)
+	}
+	if err := pools.takeFds(fdsObject); err != nil {
+		pools.channels.give(1)
+		return 0, 0, err
+	}
+	bell, err := shmem.NewDoorbell()
+	if err != nil {
+		pools.giveObject(&pools.channels)
+		return 0, 0, err
+	}
 	h := ss.newHandle()
 	ss.chans[h] = &chanObj{bell: bell}
 	return h, bell.Fd(), nil
@@ -397,15 +446,21 @@ func (ss *session) createCQ(r *abi.CreateCQRequest) (*abi.CreateCQReply, int, er
 			return nil, 0, errno(syscall.EINVAL, "no channel %d", r.Channel)
 		}
 	}
+	pools := ss.srv.pools
+	if err := pools.takeObject(&pools.cqs, "CQ"); err != nil {
+		return nil, 0, err
+	}
 	depth := nextPow2(r.Depth)
 	size := abi.StateBytes + shmem.RingBytes(int(depth), abi.CQESlot)
 	region, err := shmem.NewRegion("taproce-cq", size)
 	if err != nil {
+		pools.giveObject(&pools.cqs)
 		return nil, 0, err
 	}
 	ring, err := shmem.InitRing(region.Bytes()[abi.StateBytes:], int(depth), abi.CQESlot)
 	if err != nil {
 		region.Close()
+		pools.giveObject(&pools.cqs)
 		return nil, 0, err
 	}
 	h := ss.newHandle()
@@ -551,6 +606,16 @@ func (ss *session) createQP(r *abi.CreateQPRequest) (*abi.CreateQPReply, int, er
 		return nil, 0, errno(syscall.EINVAL, "%d/%d SGEs (at most %d), %d inline (at most %d)",
 			c.MaxSendSGE, c.MaxRecvSGE, abi.MaxSGE, c.MaxInline, abi.MaxInline)
 	}
+	pools := ss.srv.pools
+	if err := pools.takeObject(&pools.qps, "QP"); err != nil {
+		return nil, 0, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			pools.giveObject(&pools.qps)
+		}
+	}()
 	if srq != nil {
 		c.MaxRecvWR, c.MaxRecvSGE = 0, 0
 	}
@@ -597,6 +662,7 @@ func (ss *session) createQP(r *abi.CreateQPRequest) (*abi.CreateQPReply, int, er
 		srq.refs++
 	}
 	ss.rebuildRings()
+	ok = true
 	return &abi.CreateQPReply{Handle: h, QPN: qp.Num(), Caps: c, Size: uint64(region.Size()),
 		SQOff: uint64(sqOff), RQOff: uint64(rqOff)}, region.Fd(), nil
 }
@@ -751,15 +817,21 @@ func (ss *session) createSRQ(r *abi.CreateSRQRequest) (*abi.CreateSRQReply, int,
 	case r.MaxWR == 0 || r.MaxWR > maxSRQWR || r.MaxSGE > abi.MaxSGE || r.Limit > r.MaxWR:
 		return nil, 0, errno(syscall.EINVAL, "SRQ of %d WRs, %d SGEs, limit %d", r.MaxWR, r.MaxSGE, r.Limit)
 	}
+	pools := ss.srv.pools
+	if err := pools.takeObject(&pools.srqs, "SRQ"); err != nil {
+		return nil, 0, err
+	}
 	slots := nextPow2(r.MaxWR)
 	rqOff := abi.StateBytes
 	region, err := shmem.NewRegion("taproce-srq", rqOff+shmem.RingBytes(int(slots), abi.RecvSlot))
 	if err != nil {
+		pools.giveObject(&pools.srqs)
 		return nil, 0, err
 	}
 	ring, err := shmem.InitRing(region.Bytes()[rqOff:], int(slots), abi.RecvSlot)
 	if err != nil {
 		region.Close()
+		pools.giveObject(&pools.srqs)
 		return nil, 0, err
 	}
 	h := ss.newHandle()
@@ -769,6 +841,7 @@ func (ss *session) createSRQ(r *abi.CreateSRQRequest) (*abi.CreateSRQReply, int,
 		OnRetire: s.retired, Refill: s.refill})
 	if err != nil {
 		region.Close()
+		pools.giveObject(&pools.srqs)
 		return nil, 0, err
 	}
 	if r.Limit > 0 {
@@ -807,6 +880,9 @@ func (ss *session) createAH(r *abi.CreateAHRequest) (abi.Handle, error) {
 	}
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
+	if p := &ss.srv.pools.ahs; !p.take(1) {
+		return 0, errno(syscall.ENOMEM, "the appliance's AH limit %d (all clients together)", p.max)
+	}
 	h := ss.newHandle()
 	ss.ahs[h] = &ahObj{pd: pd, ah: transport.AH{DstIP: av.DstIP.As16(), DstMAC: av.DstMAC, SGIDIndex: av.SGIDIndex,
 		HopLimit: av.HopLimit, TClass: av.TClass, FlowLabel: av.FlowLabel}}
@@ -819,6 +895,7 @@ func (ss *session) destroy(op abi.Op, h abi.Handle) error {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	dev := ss.dev
+	pools := ss.srv.pools
 	missing := errno(syscall.EINVAL, "%v: no object %d", op, h)
 	switch op {
 	case abi.OpDeallocPD:
@@ -847,6 +924,7 @@ func (ss *session) destroy(op abi.Op, h abi.Handle) error {
 			}
 		}
 		delete(ss.pds, h)
+		pools.pds.give(1)
 	case abi.OpDeregMR:
 		m := ss.mrs[h]
 		if m == nil {
@@ -858,6 +936,8 @@ func (ss *session) destroy(op abi.Op, h abi.Handle) error {
 		m.release(dev.Engine)
 		ss.mrBytes -= m.length
 		delete(ss.mrs, h)
+		pools.giveObject(&pools.mrs)
+		pools.mrBytes.give(m.length)
 	case abi.OpDestroyChannel:
 		c := ss.chans[h]
 		if c == nil {
@@ -868,6 +948,7 @@ func (ss *session) destroy(op abi.Op, h abi.Handle) error {
 		}
 		c.close()
 		delete(ss.chans, h)
+		pools.giveObject(&pools.channels)
 	case abi.OpDestroyCQ:
 		c := ss.cqs[h]
 		if c == nil {
@@ -878,6 +959,7 @@ func (ss *session) destroy(op abi.Op, h abi.Handle) error {
 		}
 		c.close()
 		delete(ss.cqs, h)
+		pools.giveObject(&pools.cqs)
 	case abi.OpDestroyQP:
 		q := ss.qps[h]
 		if q == nil {
@@ -895,6 +977,7 @@ func (ss *session) destroy(op abi.Op, h abi.Handle) error {
 		}
 		q.close()
 		delete(ss.qps, h)
+		pools.giveObject(&pools.qps)
 		ss.rebuildRings()
 	case abi.OpDestroySRQ:
 		s := ss.srqs[h]
@@ -909,12 +992,14 @@ func (ss *session) destroy(op abi.Op, h abi.Handle) error {
 		}
 		s.close()
 		delete(ss.srqs, h)
+		pools.giveObject(&pools.srqs)
 		ss.rebuildRings()
 	case abi.OpDestroyAH:
 		if ss.ahs[h] == nil {
 			return missing
 		}
 		delete(ss.ahs, h)
+		pools.ahs.give(1)
 	}
 	return nil
 }

@@ -20,7 +20,10 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime/debug"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -55,36 +58,36 @@ type Device struct {
 	Up func() bool
 }
 
-// Limits bound what one client may hold; zero means the default.
-type Limits struct {
-	QPs, CQs, SRQs, MRs, PDs, AHs int
-	MRBytes                       int64
-}
-
-func (l Limits) withDefaults() Limits {
-	def := func(v *int, d int) {
-		if *v <= 0 {
-			*v = d
-		}
-	}
-	def(&l.QPs, 1024)
-	def(&l.CQs, 1024)
-	def(&l.SRQs, 256)
-	def(&l.MRs, 4096)
-	def(&l.PDs, 256)
-	def(&l.AHs, 4096)
-	if l.MRBytes <= 0 {
-		l.MRBytes = 16 << 30
-	}
-	return l
-}
+// DefaultSocketMode is the socket file's permission bits unless
+// configured: every local user may connect, as every user may open a
+// uverbs device where rdma-core is installed; a client may open only its
+// own network namespace's device, and the limits bound what it may take.
+const DefaultSocketMode os.FileMode = 0o666
 
 // Config describes a control server.
 type Config struct {
-	// Socket is the path to listen on (default DefaultSocket).
+	// Socket is the path to listen on (default DefaultSocket); a name
+	// starting with '@' is an abstract socket, which has no file.
 	Socket string
-	// Limits per client.
-	Limits Limits
+	// SocketMode is the socket file's permission bits (default
+	// DefaultSocketMode): connecting takes write permission.
+	SocketMode os.FileMode
+	// SocketGID, when positive, is the group the socket file is given;
+	// 0 leaves the group it was made with, the appliance's own.
+	SocketGID int
+	// Limits per client, and ApplianceLimits of all clients together.
+	Limits          Limits
+	ApplianceLimits ApplianceLimits
+	// ListAllDevices lists every device to every client, those of other
+	// network namespaces marked unusable; by default a client is shown
+	// only the devices it may open, for another namespace's device tells
+	// its MAC and its addresses (GIDs).
+	ListAllDevices bool
+	// ReplyTimeout bounds how long a reply or an event waits for room in
+	// the client's socket (default DefaultReplyTimeout): a client that
+	// leaves them unread is disconnected, where it held the session's
+	// memory and goroutines for as long as it liked.
+	ReplyTimeout time.Duration
 	// Loop drains every client's rings in its passes: the appliance's
 	// one polling loop, which reads its ports too — spinning, or blocking
 	// on the clients' doorbells as well as the ports (poll.New). Required.
@@ -111,6 +114,15 @@ type Server struct {
 	ln       *net.UnixListener
 	closed   bool
 	wg       sync.WaitGroup
+	peak     int                        // most sessions at once since their memory was last released (ebbed)
+	ebbing   bool                       // released, and to release again when the last goes
+	conns    int                        // connections admitted (admit)
+	byUID    map[uint32]int             // of them, each user's
+	waiting  map[*net.UnixConn]struct{} // refused, waiting for their first request
+
+	pools    *pools        // what all clients hold
+	refused  atomic.Uint64 // connections refused
+	refusing atomic.Int32  // refused connections being answered
 }
 
 // New returns a server for cfg; Serve starts it.
@@ -127,9 +139,20 @@ func New(cfg Config) *Server {
 	if cfg.Linger == 0 {
 		cfg.Linger = 30 * time.Second
 	}
-	cfg.Limits = cfg.Limits.withDefaults()
-	return &Server{cfg: cfg, log: cfg.Logger.With("component", "control"), devices: map[string]*Device{}, sessions: map[*session]struct{}{}}
+	if cfg.SocketMode == 0 {
+		cfg.SocketMode = DefaultSocketMode
+	}
+	if cfg.ReplyTimeout <= 0 {
+		cfg.ReplyTimeout = DefaultReplyTimeout
+	}
+	cfg.Limits = cfg.Limits.withDefaults(DefaultLimits)
+	cfg.ApplianceLimits = cfg.ApplianceLimits.withDefaults()
+	return &Server{cfg: cfg, log: cfg.Logger.With("component", "control"), devices: map[string]*Device{}, sessions: map[*session]struct{}{},
+		pools: newPools(cfg.ApplianceLimits), byUID: map[uint32]int{}, waiting: map[*net.UnixConn]struct{}{}}
 }
+
+// DefaultReplyTimeout is Config.ReplyTimeout unless configured.
+const DefaultReplyTimeout = 10 * time.Second
 
 // ProcNetns returns the inode of process pid's network namespace.
 func ProcNetns(pid int32) (uint64, error) {
@@ -214,8 +237,13 @@ func sortDevices(ds []*Device) {
 
 // Stats counts the server's clients and their objects.
 type Stats struct {
-	Clients, PDs, MRs, CQs, QPs, SRQs, AHs int
-	MRBytes                                int64
+	Clients, PDs, MRs, CQs, QPs, SRQs, AHs, Channels int
+	MRBytes                                          int64
+	// Descriptors are those the appliance holds for its clients, as
+	// ApplianceLimits.Descriptors counts them.
+	Descriptors int64
+	// Refused counts the connections refused at a limit so far.
+	Refused uint64
 }
 
 // Stats returns the current counts.
@@ -226,7 +254,7 @@ func (s *Server) Stats() Stats {
 		sessions = append(sessions, ss)
 	}
 	s.mu.Unlock()
-	st := Stats{Clients: len(sessions)}
+	st := Stats{Clients: len(sessions), Descriptors: s.pools.fds.used.Load(), Refused: s.refused.Load()}
 	for _, ss := range sessions {
 		ss.mu.Lock()
 		st.PDs += len(ss.pds)
@@ -235,6 +263,7 @@ func (s *Server) Stats() Stats {
 		st.QPs += len(ss.qps)
 		st.SRQs += len(ss.srqs)
 		st.AHs += len(ss.ahs)
+		st.Channels += len(ss.chans)
 		st.MRBytes += ss.mrBytes
 		ss.mu.Unlock()
 	}
@@ -242,25 +271,51 @@ func (s *Server) Stats() Stats {
 }
 
 // Listen opens the socket: its directory is created, a stale socket file
-// replaced, and the socket made accessible to every local user (access to
-// devices is decided by namespace, not by file mode).
+// replaced, and the file given the configured group and mode (an
+// abstract socket has no file: any process of the appliance's network
+// namespace may connect to it).
 func (s *Server) Listen() error {
-	if err := os.MkdirAll(filepath.Dir(s.cfg.Socket), 0o755); err != nil {
-		return fmt.Errorf("control: %w", err)
+	path := s.cfg.Socket
+	abstract := strings.HasPrefix(path, "@")
+	if !abstract {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return fmt.Errorf("control: %w", err)
+		}
 	}
-	if c, err := net.Dial("unixpacket", s.cfg.Socket); err == nil {
+	if c, err := net.Dial("unixpacket", path); err == nil {
 		c.Close()
-		return fmt.Errorf("control: %s: another appliance is serving it", s.cfg.Socket)
+		return fmt.Errorf("control: %s: another appliance is serving it", path)
 	}
-	_ = os.Remove(s.cfg.Socket)
-	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: s.cfg.Socket, Net: "unixpacket"})
+	if !abstract {
+		_ = os.Remove(path)
+	}
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
 	if err != nil {
 		return fmt.Errorf("control: listen: %w", err)
 	}
-	_ = os.Chmod(s.cfg.Socket, 0o666)
+	if !abstract {
+		if err := s.setAccess(path); err != nil {
+			ln.Close() // and the file with it
+			return fmt.Errorf("control: %s: %w", path, err)
+		}
+	}
 	s.mu.Lock()
 	s.ln = ln
 	s.mu.Unlock()
+	return nil
+}
+
+// setAccess gives the socket file its group, then its mode: a group
+// member cannot connect before the mode lets it.
+func (s *Server) setAccess(path string) error {
+	if s.cfg.SocketGID > 0 {
+		if err := os.Lchown(path, -1, s.cfg.SocketGID); err != nil {
+			return fmt.Errorf("socket group: %w", err)
+		}
+	}
+	if err := os.Chmod(path, s.cfg.SocketMode); err != nil {
+		return fmt.Errorf("socket mode: %w", err)
+	}
 	return nil
 }
 
@@ -291,19 +346,32 @@ func (s *Server) Serve(ctx context.Context) error {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		ss, err := s.newSession(c)
+		pid, uid, err := peerCred(c)
 		if err != nil {
 			s.log.Warn("client refused", "err", err)
+			c.Close()
+			continue
+		}
+		if err := s.admit(uid); err != nil {
+			s.refuse(c, err)
+			continue
+		}
+		ss, err := s.newSession(c, pid, uid)
+		if err != nil {
+			s.log.Warn("client refused", "err", err)
+			s.leave(uid)
 			c.Close()
 			continue
 		}
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
+			s.leave(uid)
 			c.Close()
 			continue
 		}
 		s.sessions[ss] = struct{}{}
+		s.peak = max(s.peak, len(s.sessions))
 		s.wg.Add(1)
 		s.mu.Unlock()
 		go func() {
@@ -311,9 +379,37 @@ func (s *Server) Serve(ctx context.Context) error {
 			ss.run()
 			s.mu.Lock()
 			delete(s.sessions, ss)
+			release := s.ebbed()
 			s.mu.Unlock()
+			s.leave(uid)
+			if release {
+				debug.FreeOSMemory()
+			}
 		}()
 	}
+}
+
+// releaseAfter is the most sessions whose end leaves the memory they
+// freed to the Go runtime; see ebbed.
+const releaseAfter = 64
+
+// ebbed reports whether the sessions have fallen to a quarter of their
+// peak, one of at least releaseAfter, or then to none: then their memory
+// goes back to the system (debug.FreeOSMemory). The runtime keeps what a
+// flood of connections freed for reuse and gave little of it back (200
+// clients that left their replies unread left 26 MB resident for minutes
+// after they went). s.mu is held.
+func (s *Server) ebbed() bool {
+	n := len(s.sessions)
+	switch {
+	case s.peak >= releaseAfter && n <= s.peak/4:
+		s.peak, s.ebbing = n, true
+		return true
+	case s.ebbing && n == 0:
+		s.ebbing = false
+		return true
+	}
+	return false
 }
 
 // Close stops accepting, disconnects every client (destroying its
@@ -328,6 +424,9 @@ func (s *Server) Close() error {
 	ln := s.ln
 	for ss := range s.sessions {
 		ss.conn.Close()
+	}
+	for c := range s.waiting {
+		c.Close()
 	}
 	s.mu.Unlock()
 	if ln != nil {
@@ -346,21 +445,22 @@ func (s *Server) device(name string) *Device {
 	return s.devices[name]
 }
 
-// peerCred returns the PID of the process at the other end of c.
-func peerCred(c *net.UnixConn) (int32, error) {
+// peerCred returns the PID and user of the process at the other end of
+// c, as they were when it connected.
+func peerCred(c *net.UnixConn) (int32, uint32, error) {
 	rc, err := c.SyscallConn()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	var cred *syscall.Ucred
 	var serr error
 	if err := rc.Control(func(fd uintptr) {
 		cred, serr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
 	}); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if serr != nil {
-		return 0, fmt.Errorf("SO_PEERCRED: %w", serr)
+		return 0, 0, fmt.Errorf("SO_PEERCRED: %w", serr)
 	}
-	return cred.Pid, nil
+	return cred.Pid, cred.Uid, nil
 }

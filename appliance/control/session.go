@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/taproce/taproce/appliance/transport"
 	"github.com/taproce/taproce/shmem"
@@ -21,10 +23,12 @@ type session struct {
 	srv   *Server
 	conn  *net.UnixConn
 	pid   int32
+	uid   uint32
 	netns uint64
 	log   *slog.Logger
 
-	wmu sync.Mutex // serialises writes to conn and evconn
+	wmu     sync.Mutex   // serialises writes to conn and evconn
+	pending atomic.Int32 // events on their way to the client
 	// evconn, when the client asked for it (abi.OpenEventSocket), is
 	// where its events go instead of conn; set once, at open.
 	evconn atomic.Pointer[net.UnixConn]
@@ -57,11 +61,8 @@ type session struct {
 	opened atomic.Pointer[Device]
 }
 
-func (s *Server) newSession(c *net.UnixConn) (*session, error) {
-	pid, err := peerCred(c)
-	if err != nil {
-		return nil, err
-	}
+// newSession makes the session of the client pid of user uid on c.
+func (s *Server) newSession(c *net.UnixConn, pid int32, uid uint32) (*session, error) {
 	ns, err := s.cfg.PeerNetns(pid)
 	if err != nil {
 		return nil, err
@@ -70,7 +71,7 @@ func (s *Server) newSession(c *net.UnixConn) (*session, error) {
 	if err != nil {
 		return nil, err
 	}
-	ss.pid, ss.log = pid, s.log.With("pid", pid)
+	ss.pid, ss.uid, ss.log = pid, uid, s.log.With("pid", pid, "uid", uid)
 	return ss, nil
 }
 
@@ -92,13 +93,35 @@ func (s *Server) newSessionFor(c *net.UnixConn, ns uint64) (*session, error) {
 // waits for ss.mu.
 func (ss *session) device() *Device { return ss.opened.Load() }
 
+// requestBuf holds the largest request: each session reads into a
+// buffer of its own, and one of abi.MaxMessage (64 KiB) made a thousand
+// idle connections cost 64 MiB. A longer message is malformed
+// (shmem.ErrTruncated) and ends the session.
+var requestBuf = abi.HeaderLen + maxSize(&abi.OpenRequest{}, &abi.RegMRRequest{}, &abi.RegMRSegmentsRequest{}, &abi.CreateCQRequest{},
+	&abi.CreateQPRequest{}, &abi.ModifyQPRequest{}, &abi.HandleRequest{}, &abi.CreateSRQRequest{},
+	&abi.ModifySRQRequest{}, &abi.CreateAHRequest{})
+
+// maxSize returns the largest encoded size of vs.
+func maxSize(vs ...any) int {
+	n := 0
+	for _, v := range vs {
+		n = max(n, binary.Size(v))
+	}
+	return n
+}
+
+// maxRequestFds is the most descriptors a request may bring; more end
+// the session (shmem.ErrTruncated), and the kernel closes what did not
+// fit.
+const maxRequestFds = abi.MaxMRSegments
+
 // run serves the client's requests until it goes, then destroys its
 // objects.
 func (ss *session) run() {
 	defer ss.teardown()
-	buf := make([]byte, abi.MaxMessage)
+	buf := make([]byte, requestBuf)
 	for {
-		n, fds, err := shmem.RecvMsg(ss.conn, buf, abi.MaxMRSegments)
+		n, fds, err := shmem.RecvMsg(ss.conn, buf, maxRequestFds)
 		if err != nil {
 			if !errors.Is(err, net.ErrClosed) {
 				ss.log.Debug("client gone", "err", err)
@@ -111,9 +134,13 @@ func (ss *session) run() {
 			ss.log.Warn("bad message, client disconnected", "err", err)
 			return
 		}
-		reply, rfds, err := ss.handle(h.Op, body, fds)
+		in := received(fds)
+		reply, rfds, err := ss.handle(h.Op, body, in)
+		// What the request brought and its op did not keep is closed
+		// before the reply goes, whatever the answer: a client cannot
+		// make the appliance hold descriptors by attaching them.
+		in.close()
 		if err != nil {
-			closeFds(fds)
 			ss.log.Warn("bad request, client disconnected", "op", h.Op, "err", err)
 			return
 		}
@@ -132,11 +159,32 @@ func (ss *session) run() {
 	}
 }
 
+// send sends a message within the reply timeout. A client that leaves
+// its replies unread for that long is disconnected: its session would
+// otherwise hold a reply, a goroutine and its objects for as long as it
+// liked.
 func (ss *session) send(msg []byte, fds ...int) error {
+	return ss.sendOn(ss.conn, msg, fds...)
+}
+
+// sendOn is send on c, the control connection or the event socket; a
+// client that leaves either unread is disconnected.
+func (ss *session) sendOn(c *net.UnixConn, msg []byte, fds ...int) error {
 	ss.wmu.Lock()
 	defer ss.wmu.Unlock()
-	return shmem.SendMsg(ss.conn, msg, fds...)
+	_ = c.SetWriteDeadline(time.Now().Add(ss.srv.cfg.ReplyTimeout))
+	err := shmem.SendMsg(c, msg, fds...)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		ss.log.Warn("client left its replies or events unread; disconnected", "timeout", ss.srv.cfg.ReplyTimeout)
+		ss.conn.Close() // ends run, which tears the session down
+	}
+	return err
 }
+
+// maxPendingEvents bounds the events on their way to one client; a
+// client that lets more pile up is not reading them, and is
+// disconnected.
+const maxPendingEvents = 64
 
 // event sends an asynchronous event, on the event socket when the client
 // has one; a client that is gone misses it.
@@ -145,11 +193,16 @@ func (ss *session) event(typ uint32, h abi.Handle) {
 	if err != nil {
 		return
 	}
+	if ss.pending.Add(1) > maxPendingEvents {
+		ss.pending.Add(-1)
+		ss.log.Warn("client left its events unread; disconnected", "events", maxPendingEvents)
+		ss.conn.Close()
+		return
+	}
 	go func() { // never block an engine callback on the socket
+		defer ss.pending.Add(-1)
 		if ev := ss.evconn.Load(); ev != nil {
-			ss.wmu.Lock()
-			defer ss.wmu.Unlock()
-			_ = shmem.SendMsg(ev, msg)
+			_ = ss.sendOn(ev, msg)
 			return
 		}
 		_ = ss.send(msg)
@@ -183,6 +236,28 @@ func closeFds(fds []int) {
 	}
 }
 
+// received are the descriptors a request brought. The op that keeps one
+// takes it; the session closes the rest once the request is handled, on
+// every path, so that what a client attaches cannot pile up here.
+type received []int
+
+// take hands descriptor i over to the caller, who then owns it.
+func (r received) take(i int) int {
+	fd := r[i]
+	r[i] = -1
+	return fd
+}
+
+// close closes the descriptors not taken.
+func (r received) close() {
+	for i, fd := range r {
+		if fd >= 0 {
+			_ = syscall.Close(fd)
+			r[i] = -1
+		}
+	}
+}
+
 // errno makes an errno reply error.
 func errno(e syscall.Errno, format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{e}, args...)...)
@@ -191,18 +266,18 @@ func errno(e syscall.Errno, format string, args ...any) error {
 // handle dispatches one request. It returns the reply body and the fds to
 // send with it; an error means the request was malformed and the client
 // is cut off. A verbs failure is not an error here: it is an errno in the
-// reply.
-func (ss *session) handle(op abi.Op, body []byte, fds []int) (any, []int, error) {
+// reply. The op that keeps a descriptor of fds takes it (reg-mr, its
+// region's memfd); the caller closes the others.
+func (ss *session) handle(op abi.Op, body []byte, fds received) (any, []int, error) {
 	if op == abi.OpEvent {
 		return nil, nil, fmt.Errorf("%w: events go to clients, not from them", abi.ErrOp)
 	}
-	switch {
-	case op == abi.OpRegMRSegments:
+	if op == abi.OpRegMRSegments {
 		if len(fds) == 0 || len(fds) > abi.MaxMRSegments {
-			return nil, nil, fmt.Errorf("%v with %d descriptors", op, len(fds))
+			return nil, nil, fmt.Errorf("%w: %v with %d descriptors, it takes 1 to %d", errDescriptors, op, len(fds), abi.MaxMRSegments)
 		}
-	case (op == abi.OpRegMR) != (len(fds) == 1):
-		return nil, nil, fmt.Errorf("%v with %d descriptors", op, len(fds))
+	} else if want := fdsOf(op); len(fds) != want {
+		return nil, nil, fmt.Errorf("%w: %v with %d descriptors, it takes %d", errDescriptors, op, len(fds), want)
 	}
 	decode := func(v any) error { return abi.DecodeBody(body, v) }
 	if op != abi.OpListDevices && op != abi.OpOpen {
@@ -253,11 +328,8 @@ func (ss *session) handle(op abi.Op, body []byte, fds []int) (any, []int, error)
 		if err := decode(&r); err != nil {
 			return nil, nil, err
 		}
-		rep, err := ss.regMR(&r, fds[0])
+		rep, err := ss.regMR(&r, fds)
 		if err != nil {
-			if !errors.Is(err, errFdsTaken) {
-				_ = syscall.Close(fds[0])
-			}
 			return &abi.RegMRReply{Errno: abi.ErrnoOf(err)}, nil, nil
 		}
 		return rep, nil, nil
@@ -267,13 +339,10 @@ func (ss *session) handle(op abi.Op, body []byte, fds []int) (any, []int, error)
 			return nil, nil, err
 		}
 		if int(r.NumSegments) != len(fds) {
-			return nil, nil, fmt.Errorf("%v of %d segments with %d descriptors", op, r.NumSegments, len(fds))
+			return nil, nil, fmt.Errorf("%w: %v of %d segments with %d descriptors", errDescriptors, op, r.NumSegments, len(fds))
 		}
 		rep, err := ss.regMRSegments(&r, fds)
 		if err != nil {
-			if !errors.Is(err, errFdsTaken) {
-				closeFds(fds)
-			}
 			return &abi.RegMRReply{Errno: abi.ErrnoOf(err)}, nil, nil
 		}
 		return rep, nil, nil
@@ -355,6 +424,19 @@ func (ss *session) handle(op abi.Op, body []byte, fds []int) (any, []int, error)
 	return nil, nil, fmt.Errorf("%w: %v from a client", abi.ErrOp, op)
 }
 
+// errDescriptors is the error of a request with descriptors its op does
+// not take, or without the one it needs.
+var errDescriptors = errors.New("wrong number of descriptors")
+
+// fdsOf returns how many descriptors a request of op brings: reg-mr its
+// region's memfd, the others none.
+func fdsOf(op abi.Op) int {
+	if op == abi.OpRegMR {
+		return 1
+	}
+	return 0
+}
+
 // handle allocates the next object handle; ss.mu is held.
 func (ss *session) newHandle() abi.Handle {
 	ss.next++
@@ -373,6 +455,7 @@ func (ss *session) teardown() {
 	}
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
+	ss.giveAll()
 	dev := ss.dev
 	for h, q := range ss.qps {
 		q.kill(dev, ss.srv.cfg.Linger)
@@ -415,6 +498,25 @@ func (ss *session) teardown() {
 		ev.Close()
 	}
 	ss.conn.Close()
+}
+
+// giveAll returns to the appliance's pools what the session's objects
+// and doorbell took; ss.mu is held, and they are about to go.
+func (ss *session) giveAll() {
+	ps := ss.srv.pools
+	for _, x := range []struct {
+		p *pool
+		n int
+	}{{&ps.qps, len(ss.qps)}, {&ps.cqs, len(ss.cqs)}, {&ps.srqs, len(ss.srqs)}, {&ps.mrs, len(ss.mrs)}, {&ps.channels, len(ss.chans)}} {
+		x.p.give(int64(x.n))
+		ps.fds.give(int64(x.n * fdsObject))
+	}
+	ps.pds.give(int64(len(ss.pds)))
+	ps.ahs.give(int64(len(ss.ahs)))
+	ps.mrBytes.give(ss.mrBytes)
+	if ss.kick != nil {
+		ps.fds.give(fdsOpen)
+	}
 }
 
 // deviceGone handles the withdrawal of the session's device.

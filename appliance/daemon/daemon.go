@@ -19,9 +19,12 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/user"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/taproce/taproce/appliance"
@@ -104,10 +107,84 @@ func checked(cfg *config.Config) (appliance.PollMode, error) {
 	return mode, nil
 }
 
-// limits returns the config's per-client limits as the control server
-// takes them.
+// limits returns the config's limits of one client, or of all clients'
+// objects, as the control server takes them.
 func limits(l config.Limits) control.Limits {
-	return control.Limits{QPs: l.QPs, CQs: l.CQs, SRQs: l.SRQs, MRs: l.MRs, PDs: l.PDs, AHs: l.AHs, MRBytes: l.MRBytes}
+	return control.Limits{QPs: l.QPs, CQs: l.CQs, SRQs: l.SRQs, MRs: l.MRs, PDs: l.PDs, AHs: l.AHs, Channels: l.Channels, MRBytes: l.MRBytes}
+}
+
+// applianceLimits returns the config's appliance-wide limits as the
+// control server takes them, with descriptors for clients that leave the
+// appliance its own under nofile, the process's descriptor limit.
+func applianceLimits(l config.ApplianceLimits, nofile uint64) (control.ApplianceLimits, error) {
+	out := control.ApplianceLimits{Limits: limits(l.Limits), Connections: l.Connections, ConnectionsPerUID: l.ConnectionsPerUID,
+		Descriptors: l.Descriptors}
+	room := int64(nofile) - ownDescriptors
+	switch {
+	case out.Descriptors == 0:
+		out.Descriptors = int(min(nofile/4*3, 1<<30))
+	case int64(out.Descriptors) > room:
+		return out, fmt.Errorf("appliance_limits.descriptors %d leaves the appliance fewer than %d of its descriptor limit %d (RLIMIT_NOFILE): %w",
+			out.Descriptors, ownDescriptors, nofile, ErrDescriptors)
+	}
+	return out, nil
+}
+
+// ownDescriptors is the least the appliance keeps of its descriptor limit
+// for itself: ports, the admin and metrics servers and their clients.
+const ownDescriptors = 256
+
+// ErrDescriptors is the error of an appliance_limits.descriptors the
+// process's descriptor limit has no room for.
+var ErrDescriptors = errors.New("not enough descriptors")
+
+// raiseNofile raises the soft RLIMIT_NOFILE to the hard limit, as servers
+// do at start (Go's os package does as well when the process starts), and
+// returns the limit, of which the descriptors for clients are a share.
+func raiseNofile() (uint64, error) {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+		return 0, fmt.Errorf("RLIMIT_NOFILE: %w", err)
+	}
+	if rl.Cur < rl.Max {
+		rl.Cur = rl.Max
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+			return 0, fmt.Errorf("raising RLIMIT_NOFILE to %d: %w", rl.Max, err)
+		}
+	}
+	return rl.Cur, nil
+}
+
+// ErrNoGroup is the error of a socket_group this host does not know.
+var ErrNoGroup = errors.New("no such group")
+
+// socketGID returns the group ID socket_group names: its number, or the
+// ID of the group of that name on this host (in a container, the image's
+// /etc/group: hence numeric IDs for pods' supplemental groups); 0 for "",
+// which leaves the socket the appliance's group.
+func socketGID(group string) (int, error) {
+	if group == "" {
+		return 0, nil
+	}
+	gid, err := config.ParseGroup(group)
+	if err != nil {
+		return 0, fmt.Errorf("socket_group: %w", err)
+	}
+	if gid < 0 {
+		g, err := user.LookupGroup(group)
+		if err != nil {
+			return 0, fmt.Errorf("socket_group %q: %w (%w)", group, ErrNoGroup, err)
+		}
+		if gid, err = strconv.ParseInt(g.Gid, 10, 64); err != nil {
+			return 0, fmt.Errorf("socket_group %q: group ID %q: %w", group, g.Gid, err)
+		}
+	}
+	// The control server gives the socket a positive group; group 0 is
+	// what an appliance running as root's group gives it anyway.
+	if gid == 0 && os.Getegid() != 0 {
+		return 0, fmt.Errorf("socket_group %q is group 0, and the appliance runs as group %d", group, os.Getegid())
+	}
+	return int(gid), nil
 }
 
 // Start validates cfg, binds the control socket, the admin socket and the
@@ -135,13 +212,29 @@ func start(ctx context.Context, cfg *config.Config, poll appliance.PollMode, log
 		},
 		DisableKeepAlives: true,
 	}}}
+	gid, err := socketGID(cfg.SocketGroup)
+	if err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
+	nofile, err := raiseNofile()
+	if err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
+	all, err := applianceLimits(cfg.ApplianceLimits, nofile)
+	if err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
 	if d.app, err = appliance.New(appliance.Options{
-		Socket:      cfg.Socket,
-		Limits:      limits(cfg.Limits),
-		Poll:        poll,
-		LocalSwitch: cfg.LocalSwitch,
-		Linger:      cfg.Linger,
-		Logger:      logger,
+		Socket:          cfg.Socket,
+		SocketMode:      cfg.SocketMode,
+		SocketGID:       gid,
+		ListAllDevices:  cfg.ListAllDevices,
+		Limits:          limits(cfg.Limits),
+		ApplianceLimits: all,
+		Poll:            poll,
+		LocalSwitch:     cfg.LocalSwitch,
+		Linger:          cfg.Linger,
+		Logger:          logger,
 	}); err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
@@ -206,6 +299,7 @@ func start(ctx context.Context, cfg *config.Config, poll appliance.PollMode, log
 	}
 	d.serve("control", func() error { return d.app.Serve(context.WithoutCancel(ctx)) })
 	attrs := []any{"socket", cfg.Socket, "admin_socket", cfg.AdminSocket, "devices", len(d.app.NICs()),
+		"descriptors", nofile, "client_descriptors", all.Descriptors,
 		"local_switch", cfg.LocalSwitch, "poll", cfg.Poll, "procs", runtime.GOMAXPROCS(0)}
 	if d.metricsLn != nil {
 		attrs = append(attrs, "metrics", d.metricsLn.Addr().String())

@@ -11,10 +11,12 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -207,13 +209,14 @@ func TestAttachMakesDevice(t *testing.T) {
 		t.Fatalf("appliance devices %v", nics)
 	}
 
-	// Listed to everyone, usable only in the pod's namespace.
-	devs, err := verbs.Devices(ctx)
+	// Shown only in the pod's namespace: the host sees neither the device
+	// nor the pod's addresses.
+	list, err := verbs.ListDevices(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(devs) != 1 || devs[0].Name != "taproce0" || devs[0].Usable || !slices.Contains(devs[0].GIDs, pod.V4.Addr()) {
-		t.Fatalf("devices seen from the host: %+v", devs)
+	if len(list.Devices) != 0 || !list.OthersHidden {
+		t.Fatalf("devices seen from the host: %+v", list)
 	}
 	if _, err := verbs.Open(ctx, "taproce0"); err == nil {
 		t.Fatal("opened the pod's device from outside its namespace")
@@ -429,6 +432,78 @@ func TestStartFailures(t *testing.T) {
 			t.Fatal("the first port's TAP outlived the failed start")
 		}
 	})
+}
+
+// TestSocketAccess: the control socket's file gets the configured mode
+// and group, by name or by ID; a group the host does not know keeps the
+// daemon from starting, leaving nothing behind.
+func TestSocketAccess(t *testing.T) {
+	testnet.RequireRoot(t)
+	nogroup, err := user.LookupGroupId("65534")
+	if err != nil {
+		t.Skipf("no group 65534 to give the socket: %v", err)
+	}
+	for _, c := range []struct {
+		name  string
+		mode  os.FileMode
+		group string
+		gid   uint32
+	}{
+		{"default", config.DefaultSocketMode, "", 0},
+		{"owner only", 0o600, "", 0},
+		{"group by name", 0o660, nogroup.Name, 65534},
+		{"group by ID", 0o660, "65534", 65534},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := testConfig(t.TempDir())
+			cfg.SocketMode, cfg.SocketGroup = c.mode, c.group
+			r := start(t, cfg)
+			fi, err := os.Stat(cfg.Socket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi.Mode().Perm() != c.mode || fi.Sys().(*syscall.Stat_t).Gid != c.gid {
+				t.Errorf("socket %v group %d, want %v group %d", fi.Mode(), fi.Sys().(*syscall.Stat_t).Gid, c.mode, c.gid)
+			}
+			if code, body := r.get(t, "/healthz"); code != 200 {
+				t.Errorf("healthz: %d %s", code, body)
+			}
+		})
+	}
+	cfg := testConfig(t.TempDir())
+	cfg.SocketGroup = "tpt-no-such-group"
+	_, err = daemon.Start(context.Background(), cfg, quietLogger())
+	if !errors.Is(err, daemon.ErrNoGroup) || !strings.Contains(err.Error(), `socket_group "tpt-no-such-group"`) {
+		t.Fatalf("unknown group: %v", err)
+	}
+	gone(t, cfg.Socket, cfg.AdminSocket)
+}
+
+// TestListAllDevices: list_all_devices shows the host a static port of
+// another namespace, unusable; by default the host is shown nothing.
+func TestListAllDevices(t *testing.T) {
+	testnet.RequireRoot(t)
+	_, path := testnet.Namespace(t)
+	for _, listAll := range []bool{false, true} {
+		cfg := testConfig(t.TempDir())
+		cfg.ListAllDevices = listAll
+		p := config.DefaultPort()
+		p.Namespace, p.Addresses = path, []netip.Prefix{netip.MustParsePrefix("10.95.0.1/24")}
+		cfg.Ports = []config.Port{p}
+		r := start(t, cfg)
+		t.Setenv("TAPROCE_SOCKET", cfg.Socket)
+		list, err := verbs.ListDevices(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		shown := len(list.Devices) == 1 && !list.Devices[0].Usable && slices.Contains(list.Devices[0].GIDs, netip.MustParseAddr("10.95.0.1"))
+		if shown != listAll || list.OthersHidden == listAll {
+			t.Errorf("list_all_devices = %v: the host is shown %+v", listAll, list)
+		}
+		if err := r.stop(t); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // transferSize is what TestTransferMetrics writes from pod to pod.

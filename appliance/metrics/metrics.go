@@ -92,13 +92,17 @@ var (
 	descQPs         = globalDesc("qps", "Queue pairs of all clients.")
 	descSRQs        = globalDesc("srqs", "Shared receive queues of all clients.")
 	descAHs         = globalDesc("ahs", "Address handles of all clients.")
+	descChannels    = globalDesc("channels", "Completion channels of all clients.")
+	descClientFds   = globalDesc("client_descriptors", "Descriptors the appliance holds for its clients (bounded by appliance_limits.descriptors).")
+	descRefused     = globalDesc("refused_connections_total", "Connections to the control socket refused at the appliance's or a user's limit.")
 	descSwitch      = globalDesc("local_switch_frames_total", "Frames that crossed the local switch between the appliance's ports.")
 	descAttachments = globalDesc("attachments", "Ports attached to pods through the admin API.")
 
 	allDescs = []*prometheus.Desc{
 		descRxFrames, descRxBytes, descTxFrames, descTxBytes, descRxErrors, descTxErrors, descDelivered, descDrops, descImpair, descMTU,
 		descSent, descReceived, descDropped, descRetransmits, descTimeouts, descNAKs, descRNRNAKs, descDupRequests, descDupResponses,
-		descPorts, descClients, descPDs, descMRs, descMRBytes, descCQs, descQPs, descSRQs, descAHs, descSwitch, descAttachments,
+		descPorts, descClients, descPDs, descMRs, descMRBytes, descCQs, descQPs, descSRQs, descAHs, descChannels, descClientFds,
+		descRefused, descSwitch, descAttachments,
 	}
 )
 
@@ -178,6 +182,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descQPs, float64(st.QPs))
 	gauge(descSRQs, float64(st.SRQs))
 	gauge(descAHs, float64(st.AHs))
+	gauge(descChannels, float64(st.Channels))
+	gauge(descClientFds, float64(st.Descriptors))
+	counter(descRefused, st.Refused)
 	if sw := c.app.Switch(); sw != nil {
 		counter(descSwitch, sw.Frames())
 	}

@@ -145,6 +145,59 @@ func TestConfigCommandPlacement(t *testing.T) {
 	}
 }
 
+// TestConfigCommandSocketAccess: `taproce config` shows who may connect
+// to the control socket, and which devices it lists to them.
+func TestConfigCommandSocketAccess(t *testing.T) {
+	for _, c := range []struct{ text, want string }{
+		{"", "mode 0666, the appliance's group\n  device listing   a client's own namespace's only"},
+		{"list_all_devices = true\n", "mode 0666, the appliance's group\n  device listing   all devices, other namespaces' unusable"},
+		{"socket_mode = \"0660\"\nsocket_group = \"2000\"\n", "mode 0660, group 2000"},
+		{"socket = \"@taproce\"\n", "abstract: any process in the appliance's network namespace"},
+	} {
+		path := filepath.Join(t.TempDir(), "s.toml")
+		if err := os.WriteFile(path, []byte(c.text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		code, out, errOut := runCmd("config", path)
+		if want := "  socket access    " + c.want + "\n"; code != 0 || !strings.Contains(out, want) {
+			t.Errorf("%q: exit %d, no %q in\n%s%s", c.text, code, want, out, errOut)
+		}
+	}
+}
+
+// TestConfigCommandLimits: `taproce config` shows the limits of one
+// client and of all of them, defaults included.
+func TestConfigCommandLimits(t *testing.T) {
+	for _, c := range []struct {
+		text string
+		want []string
+	}{
+		{"", []string{
+			"  client limits    1024 QPs, 1024 CQs, 256 SRQs, 4096 MRs, 256 PDs, 4096 AHs, 1024 channels, 16 GiB of MRs\n",
+			"  appliance limits 16384 QPs, 16384 CQs, 4096 SRQs, 65536 MRs, 16384 PDs, 65536 AHs, 16384 channels, 1 TiB of MRs\n",
+			"  connections      4096, 2048 per user\n",
+			"  descriptors      3/4 of RLIMIT_NOFILE for clients\n",
+		}},
+		{"[limits]\nchannels = 3\n[appliance_limits]\nqps = 7\nmr_bytes = \"2GiB\"\nconnections = 9\nconnections_per_uid = 4\ndescriptors = 500\n", []string{
+			", 3 channels, 16 GiB of MRs\n",
+			"  appliance limits 7 QPs, 16384 CQs, 4096 SRQs, 65536 MRs, 16384 PDs, 65536 AHs, 16384 channels, 2 GiB of MRs\n",
+			"  connections      9, 4 per user\n",
+			"  descriptors      500 for clients\n",
+		}},
+	} {
+		path := filepath.Join(t.TempDir(), "l.toml")
+		if err := os.WriteFile(path, []byte(c.text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		code, out, errOut := runCmd("config", path)
+		for _, want := range c.want {
+			if code != 0 || !strings.Contains(out, want) {
+				t.Errorf("%q: exit %d, no %q in\n%s%s", c.text, code, want, out, errOut)
+			}
+		}
+	}
+}
+
 // TestLabFlags: a bad --cpus or --procs is a usage error, named, before
 // anything is built.
 func TestLabFlags(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/taproce/taproce/config"
 )
@@ -52,6 +53,12 @@ func printConfig(w io.Writer, c *config.Config) {
 	}
 	l := c.Limits
 	fmt.Fprintf(w, "  control socket   %s\n", c.Socket)
+	fmt.Fprintf(w, "  socket access    %s\n", socketAccess(c))
+	if c.ListAllDevices {
+		fmt.Fprintf(w, "  device listing   all devices, other namespaces' unusable\n")
+	} else {
+		fmt.Fprintf(w, "  device listing   a client's own namespace's only\n")
+	}
 	fmt.Fprintf(w, "  admin socket     %s\n", c.AdminSocket)
 	fmt.Fprintf(w, "  metrics          %s\n", orOff(c.MetricsAddress, " (/metrics, /healthz)"))
 	fmt.Fprintf(w, "  state file       %s\n", orOff(c.StateFile, ""))
@@ -69,8 +76,15 @@ func printConfig(w io.Writer, c *config.Config) {
 	}
 	fmt.Fprintf(w, "  linger           %v\n", c.Linger)
 	fmt.Fprintf(w, "  default MTU      %d\n", c.DefaultMTU)
-	fmt.Fprintf(w, "  client limits    %d QPs, %d CQs, %d SRQs, %d MRs, %d PDs, %d AHs, %s of MRs\n",
-		l.QPs, l.CQs, l.SRQs, l.MRs, l.PDs, l.AHs, byteSize(l.MRBytes))
+	a := c.ApplianceLimits
+	fmt.Fprintf(w, "  client limits    %s\n", objectLimits(l))
+	fmt.Fprintf(w, "  appliance limits %s\n", objectLimits(a.Limits))
+	fmt.Fprintf(w, "  connections      %d, %d per user\n", a.Connections, a.ConnectionsPerUID)
+	if a.Descriptors > 0 {
+		fmt.Fprintf(w, "  descriptors      %d for clients\n", a.Descriptors)
+	} else {
+		fmt.Fprintf(w, "  descriptors      3/4 of RLIMIT_NOFILE for clients\n")
+	}
 	for _, p := range c.Ports {
 		fmt.Fprintf(w, "  port %s/%s mode %s mtu %d addresses %v", p.Namespace, p.Name, p.Mode, p.MTU, p.Addresses)
 		if p.MAC != nil {
@@ -84,6 +98,24 @@ func printConfig(w io.Writer, c *config.Config) {
 		}
 		fmt.Fprintln(w)
 	}
+}
+
+// objectLimits lists the limits of a [limits] table.
+func objectLimits(l config.Limits) string {
+	return fmt.Sprintf("%d QPs, %d CQs, %d SRQs, %d MRs, %d PDs, %d AHs, %d channels, %s of MRs",
+		l.QPs, l.CQs, l.SRQs, l.MRs, l.PDs, l.AHs, l.Channels, byteSize(l.MRBytes))
+}
+
+// socketAccess says who may connect to the control socket.
+func socketAccess(c *config.Config) string {
+	if strings.HasPrefix(c.Socket, "@") {
+		return "abstract: any process in the appliance's network namespace"
+	}
+	group := "the appliance's group"
+	if c.SocketGroup != "" {
+		group = "group " + c.SocketGroup
+	}
+	return fmt.Sprintf("mode %04o, %s", uint32(c.SocketMode), group)
 }
 
 // byteSize writes n bytes in the largest binary unit that divides it.

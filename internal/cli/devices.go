@@ -17,10 +17,12 @@ import (
 const deviceTimeout = 10 * time.Second
 
 // runDevices is `taproce devices [-a]`: ibv_devices' table of the devices
-// this process may use (those of its network namespace), or of all with -a.
-// With none to list it prints the table's header alone and exits 0, as
-// ibv_devices does with an empty device list (it fails, exit 1, only when
-// it cannot get the list), and says on stderr why the table is empty.
+// this process may use (those of its network namespace), or with -a of all
+// the appliance shows it — those of other namespaces only when it lists
+// all (list_all_devices), which -a otherwise says on stderr. With none to
+// list it prints the table's header alone and exits 0, as ibv_devices does
+// with an empty device list (it fails, exit 1, only when it cannot get the
+// list), and says on stderr why the table is empty.
 func runDevices(args []string, stdout, stderr io.Writer) int {
 	parsed, operands, err := pingpong.Getopt(args, []pingpong.Option{{Short: 'a', Long: "all"}, {Short: 'h', Long: "help"}})
 	if err != nil || len(operands) > 0 {
@@ -40,7 +42,7 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), deviceTimeout)
 	defer cancel()
-	devs, err := verbs.Devices(ctx)
+	list, err := verbs.ListDevices(ctx)
 	if errors.Is(err, verbs.ErrNoAppliance) {
 		printError(stderr, "devices", err)
 		return 1
@@ -52,35 +54,51 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "    %-16s\t   node GUID\n", "device")
 	fmt.Fprintf(stdout, "    %-16s\t----------------\n", "------")
 	listed := 0
-	for _, d := range devs {
+	for _, d := range list.Devices {
 		if d.Usable || all {
 			fmt.Fprintf(stdout, "    %-16s\t%016x\n", d.Name, d.NodeGUID)
 			listed++
 		}
 	}
-	if listed == 0 {
-		fmt.Fprintf(stderr, "taproce devices: %s\n", noDevices(devs))
+	switch {
+	case all && list.OthersHidden:
+		fmt.Fprintf(stderr, "taproce devices: %s\n", othersHidden())
+	case listed == 0:
+		fmt.Fprintf(stderr, "taproce devices: %s\n", noDevices(list))
 	}
 	return 0
 }
 
-// noDevices says why a process finds no device to use among devs, the
-// appliance's: it serves none, or none of this network namespace — a
-// client may use only its own namespace's port, which a newcomer who runs
-// a tool outside the lab's namespaces does not know.
-func noDevices(devs []verbs.DeviceInfo) string {
-	if len(devs) == 0 {
+// noDevices says why a process finds no device to use in list, what the
+// appliance showed it: it serves none, or none of this network namespace
+// — a client may use only its own namespace's port, which a newcomer who
+// runs a tool outside the lab's namespaces does not know.
+func noDevices(list verbs.DeviceList) string {
+	switch {
+	case list.OthersHidden:
+		return fmt.Sprintf("no device of this network namespace is served by the appliance at %s "+
+			"(it does not show the devices of other namespaces)", verbs.Socket())
+	case len(list.Devices) == 0:
 		return fmt.Sprintf("the appliance at %s serves no device", verbs.Socket())
 	}
 	return fmt.Sprintf("no device of this network namespace is served by the appliance at %s (`taproce devices -a` lists all %d)",
-		verbs.Socket(), len(devs))
+		verbs.Socket(), len(list.Devices))
+}
+
+// othersHidden says that the appliance shows a process only its own
+// namespace's devices, so that -a cannot list the others.
+func othersHidden() string {
+	return fmt.Sprintf("the appliance at %s shows a client only the devices of its own network namespace; "+
+		"whether it serves others cannot be seen from here (its list_all_devices setting)", verbs.Socket())
 }
 
 func devicesUsage(w io.Writer) {
 	fmt.Fprintln(w, `Usage: taproce devices [-a]    list the devices this process may use (those of its network namespace)
 
 Options:
-  -a, --all              list every device of the appliance
+  -a, --all              list every device of the appliance it shows: those
+                         of other namespaces only when it lists all devices
+                         (list_all_devices), as a line on stderr says
 
 With no device to list, the table is empty and the exit status 0, as
 ibv_devices does; a line on stderr says why (a device serves only the
@@ -133,7 +151,7 @@ func runDevinfo(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), deviceTimeout)
 	defer cancel()
-	all, err := verbs.Devices(ctx)
+	shown, err := verbs.ListDevices(ctx)
 	if errors.Is(err, verbs.ErrNoAppliance) {
 		printError(stderr, "devinfo", err)
 		return 1
@@ -142,6 +160,7 @@ func runDevinfo(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "Failed to get IB devices list: %v\n", err)
 		return 1
 	}
+	all := shown.Devices
 	var devs []verbs.DeviceInfo
 	for _, d := range all {
 		if d.Usable {
@@ -172,7 +191,7 @@ func runDevinfo(args []string, stdout, stderr io.Writer) int {
 		devs = []verbs.DeviceInfo{{Name: name}}
 	} else if len(devs) == 0 {
 		fmt.Fprintln(stderr, "No IB devices found")
-		fmt.Fprintf(stderr, "taproce devinfo: %s\n", noDevices(all))
+		fmt.Fprintf(stderr, "taproce devinfo: %s\n", noDevices(shown))
 		return 1
 	}
 	code := 0

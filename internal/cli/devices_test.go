@@ -32,39 +32,54 @@ func rigNodeGUID(n *appliance.NIC) uint64 {
 }
 
 // TestDevicesCommand: ibv_devices' table, of the devices of this
-// namespace, or of all with -a.
+// namespace, or of all the appliance shows with -a: those of other
+// namespaces only when it lists all devices, which -a otherwise says.
 func TestDevicesCommand(t *testing.T) {
-	app, elsewhere := startVerbsRig(t)
-	nics := app.NICs()
-	want := "    device          \t   node GUID\n" +
-		"    ------          \t----------------\n" +
-		fmt.Sprintf("    taproce0        \t%016x\n", rigNodeGUID(nics[0])) +
-		fmt.Sprintf("    taproce1        \t%016x\n", rigNodeGUID(nics[1]))
-	code, out, errOut := runCmd("devices")
-	if code != 0 || out != want {
-		t.Fatalf("devices: exit %d\n%q\nwant\n%q\n%s", code, out, want, errOut)
-	}
-	if errOut != "" {
-		t.Errorf("devices: stderr %q", errOut)
-	}
-	// From another namespace: the empty table and exit 0, as ibv_devices
-	// with no device, and on stderr why it is empty.
-	elsewhere.Store(true)
-	header := strings.Join(strings.SplitAfter(want, "\n")[:2], "")
-	note := "taproce devices: no device of this network namespace is served by the appliance at " + verbs.Socket() +
-		" (`taproce devices -a` lists all 2)\n"
-	if code, out, errOut = runCmd("devices"); code != 0 || out != header || errOut != note {
-		t.Errorf("devices from another namespace: exit %d\n%s%s\nwant 0 and\n%s%s", code, out, errOut, header, note)
-	}
-	if code, out, errOut = runCmd("devices", "-a"); code != 0 || out != want || errOut != "" {
-		t.Errorf("devices -a from another namespace:\n%s%s", out, errOut)
-	}
-	if code, out, errOut = runCmd("devinfo"); code != 1 || out != "" ||
-		errOut != "No IB devices found\n"+strings.Replace(note, "taproce devices:", "taproce devinfo:", 1) {
-		t.Errorf("devinfo from another namespace: exit %d\n%s%s", code, out, errOut)
-	}
-	if code, _, _ = runCmd("devices", "extra"); code != 2 {
-		t.Errorf("devices extra: exit %d", code)
+	for _, listAll := range []bool{false, true} {
+		t.Run(fmt.Sprintf("list_all_devices=%v", listAll), func(t *testing.T) {
+			r := appliancetest.New(t, appliancetest.Options{Namespace: "cmd", ListAllDevices: listAll})
+			want := "    device          \t   node GUID\n" +
+				"    ------          \t----------------\n" +
+				fmt.Sprintf("    taproce0        \t%016x\n", rigNodeGUID(r.NICs[0])) +
+				fmt.Sprintf("    taproce1        \t%016x\n", rigNodeGUID(r.NICs[1]))
+			header := strings.Join(strings.SplitAfter(want, "\n")[:2], "")
+			hidden := "taproce devices: the appliance at " + verbs.Socket() + " shows a client only the devices of its own network namespace; " +
+				"whether it serves others cannot be seen from here (its list_all_devices setting)\n"
+			note := "taproce devices: no device of this network namespace is served by the appliance at " + verbs.Socket() +
+				" (it does not show the devices of other namespaces)\n"
+			wantAll, noteAll := want, hidden
+			if listAll {
+				note = "taproce devices: no device of this network namespace is served by the appliance at " + verbs.Socket() +
+					" (`taproce devices -a` lists all 2)\n"
+				noteAll = ""
+			}
+			code, out, errOut := runCmd("devices")
+			if code != 0 || out != want || errOut != "" {
+				t.Fatalf("devices: exit %d\n%q\nwant\n%q\n%s", code, out, want, errOut)
+			}
+			if code, out, errOut = runCmd("devices", "-a"); code != 0 || out != want || errOut != noteAll {
+				t.Errorf("devices -a: exit %d\n%s%s\nwant 0 and\n%s%s", code, out, errOut, want, noteAll)
+			}
+			// From another namespace: the empty table and exit 0, as
+			// ibv_devices with no device, and on stderr why it is empty.
+			r.Elsewhere.Store(true)
+			if code, out, errOut = runCmd("devices"); code != 0 || out != header || errOut != note {
+				t.Errorf("devices from another namespace: exit %d\n%s%s\nwant 0 and\n%s%s", code, out, errOut, header, note)
+			}
+			if !listAll {
+				wantAll = header
+			}
+			if code, out, errOut = runCmd("devices", "-a"); code != 0 || out != wantAll || errOut != noteAll {
+				t.Errorf("devices -a from another namespace: exit %d\n%s%s\nwant 0 and\n%s%s", code, out, errOut, wantAll, noteAll)
+			}
+			if code, out, errOut = runCmd("devinfo"); code != 1 || out != "" ||
+				errOut != "No IB devices found\n"+strings.Replace(note, "taproce devices:", "taproce devinfo:", 1) {
+				t.Errorf("devinfo from another namespace: exit %d\n%s%s", code, out, errOut)
+			}
+			if code, _, _ = runCmd("devices", "extra"); code != 2 {
+				t.Errorf("devices extra: exit %d", code)
+			}
+		})
 	}
 }
 
@@ -90,31 +105,43 @@ func TestNoAppliance(t *testing.T) {
 }
 
 // TestDevicesNone: an appliance that serves no device gives the empty
-// table, exit 0, and a line on stderr saying so.
+// table, exit 0, and a line on stderr saying so — or, when it shows a
+// client only its own namespace's devices, that there is none of those.
 func TestDevicesNone(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "taproce.sock")
 	t.Setenv("TAPROCE_SOCKET", sock)
-	app, err := appliance.New(appliance.Options{Socket: sock, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := app.Control().Listen(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- app.Serve(ctx) }()
-	defer func() {
+	for _, listAll := range []bool{false, true} {
+		app, err := appliance.New(appliance.Options{Socket: sock, ListAllDevices: listAll, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := app.Control().Listen(); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- app.Serve(ctx) }()
+		header := "    device          \t   node GUID\n    ------          \t----------------\n"
+		for _, c := range []struct {
+			args []string
+			note string
+		}{
+			{[]string{"devices"}, "no device of this network namespace is served by the appliance at " + sock +
+				" (it does not show the devices of other namespaces)"},
+			{[]string{"devices", "-a"}, "the appliance at " + sock + " shows a client only the devices of its own network namespace; " +
+				"whether it serves others cannot be seen from here (its list_all_devices setting)"},
+		} {
+			if listAll {
+				c.note = "the appliance at " + sock + " serves no device"
+			}
+			code, out, errOut := runCmd(c.args...)
+			if note := "taproce devices: " + c.note + "\n"; code != 0 || out != header || errOut != note {
+				t.Errorf("list_all_devices=%v %q: exit %d\n%s%s\nwant 0 and\n%s%s", listAll, c.args, code, out, errOut, header, note)
+			}
+		}
 		cancel()
 		<-done
 		app.Close()
-	}()
-	for _, args := range [][]string{{"devices"}, {"devices", "-a"}} {
-		code, out, errOut := runCmd(args...)
-		header := "    device          \t   node GUID\n    ------          \t----------------\n"
-		if note := "taproce devices: the appliance at " + sock + " serves no device\n"; code != 0 || out != header || errOut != note {
-			t.Errorf("%q: exit %d\n%s%s\nwant 0 and\n%s%s", args, code, out, errOut, header, note)
-		}
 	}
 }
 

@@ -12,7 +12,8 @@ type Device struct {
 	NodeGUID uint64
 	MAC      [6]byte
 	// Usable is 1 when the asking client may open it (its own network
-	// namespace), else 0.
+	// namespace), else 0; only an appliance that lists all devices lists
+	// such.
 	Usable  uint8
 	PortUp  uint8
 	MTU     uint32
@@ -25,6 +26,12 @@ type ListDevicesReply struct {
 	Errno   Errno
 	Count   uint32
 	Devices [MaxDevices]Device
+	// OthersHidden is 1 when the list holds only the devices of the
+	// asking client's network namespace, those it may open: an appliance
+	// does not show a client the devices, MACs and addresses of other
+	// namespaces unless its operator lets it (list_all_devices). Whether
+	// there are any, the client cannot tell.
+	OthersHidden uint32
 }
 
 // OpenRequest opens a device (ibv_open_device).

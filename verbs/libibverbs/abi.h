@@ -252,11 +252,13 @@ struct taproce_list_devices_reply {
 	int32_t errnum;
 	uint32_t count;
 	struct taproce_device devices[64];
+	uint32_t others_hidden;
 } __attribute__((packed));
-_Static_assert(sizeof(struct taproce_list_devices_reply) == 19976, "ListDevicesReply");
+_Static_assert(sizeof(struct taproce_list_devices_reply) == 19980, "ListDevicesReply");
 _Static_assert(offsetof(struct taproce_list_devices_reply, errnum) == 0, "ListDevicesReply.Errno");
 _Static_assert(offsetof(struct taproce_list_devices_reply, count) == 4, "ListDevicesReply.Count");
 _Static_assert(offsetof(struct taproce_list_devices_reply, devices) == 8, "ListDevicesReply.Devices");
+_Static_assert(offsetof(struct taproce_list_devices_reply, others_hidden) == 19976, "ListDevicesReply.OthersHidden");
 
 struct taproce_open_request {
 	uint8_t name[32];
