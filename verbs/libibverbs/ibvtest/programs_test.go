@@ -3,7 +3,9 @@ package ibvtest
 import (
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -170,5 +172,33 @@ func TestQperf(t *testing.T) {
 				t.Fatalf("qperf %s: %v\n%s\nwant exit status 1 and %q, as on rxe", c.test, err, out, c.want)
 			}
 		})
+	}
+}
+
+// TestInstall: `make install PREFIX=…` puts the library in PREFIX/lib/taproce,
+// and a taproce binary in PREFIX/bin finds it there by itself (no --lib,
+// no TAPROCE_LIBDIR) and runs ibv_devices on the appliance's devices.
+func TestInstall(t *testing.T) {
+	l := Need(t, false)
+	prefix := t.TempDir()
+	if out, err := exec.Command("make", "-C", srcDir(), "install", "PREFIX="+prefix).CombinedOutput(); err != nil {
+		t.Fatalf("make install: %v\n%s", err, out)
+	}
+	installed := filepath.Join(prefix, "lib", "taproce", "libibverbs.so.1")
+	if a, b := readFile(t, installed), readFile(t, filepath.Join(l.Dir, "libibverbs.so.1")); a != b {
+		t.Fatalf("%s is not the library built", installed)
+	}
+	bin := filepath.Join(prefix, "bin", "taproce")
+	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := exec.Command("cp", Taproce(t), bin).Run(); err != nil {
+		t.Fatal(err)
+	}
+	r := appliancetest.New(t, appliancetest.Options{Namespace: "ibv"})
+	env := append(os.Environ(), "TAPROCE_LIBDIR=", "TAPROCE_SOCKET="+r.Socket)
+	out, err := Run(t, env, timeout, bin, "exec", "ibv_devices")
+	if err != nil || !strings.Contains(out, "taproce0") || !strings.Contains(out, "taproce1") {
+		t.Fatalf("%s exec ibv_devices: %v\n%s", bin, err, out)
 	}
 }
