@@ -59,8 +59,10 @@ are its own.
 Programs such as UCX also read /sys/class/infiniband and look for
 /dev/infiniband/uverbsN themselves. Unless --no-sysfs, PROGRAM gets a mount
 namespace of its own where both describe the appliance's devices as the
-kernel describes rxe's (as root; for another user, in a user namespace where
-the kernel allows one, else PROGRAM runs without them and a warning says so).
+kernel describes rxe's: as root directly; for another user in a user
+namespace, where taproce exec waits for PROGRAM and exits with its status;
+where the kernel allows neither, PROGRAM runs without them and a warning
+says so.
 
 Without taproce exec, the same run is
   LD_LIBRARY_PATH=/usr/local/lib/taproce TAPROCE_SOCKET=%s PROGRAM ARGS...

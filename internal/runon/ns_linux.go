@@ -1,13 +1,17 @@
 package runon
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"slices"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -21,8 +25,7 @@ import (
 // copies that hold the same entries (each bound from the original) plus
 // the tree's. It locks the goroutine to its thread, which the caller
 // must exec from. It needs CAP_SYS_ADMIN.
-func Sysfs(devs []Device, path string, argv, env []string) error {
-	_, _, _ = path, argv, env
+func Sysfs(devs []Device) error {
 	runtime.LockOSThread() // for good: this thread becomes the program
 	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
 		return fmt.Errorf("a mount namespace of its own: unshare: %w", err)
@@ -56,6 +59,85 @@ func install(devs []Device) error {
 		}
 		return err
 	})
+}
+
+// forwarded are the signals the program gets when they are sent to the
+// process that waits for it in inUserNamespace. SIGINT and SIGQUIT are
+// not among them: a terminal sends them to its whole foreground process
+// group, the program included, which would get them twice; the waiting
+// process ignores them.
+var forwarded = []os.Signal{unix.SIGHUP, unix.SIGTERM, unix.SIGUSR1, unix.SIGUSR2, unix.SIGALRM, unix.SIGCONT, unix.SIGWINCH}
+
+// inUserNamespace runs this command again (/proc/self/exe, the same
+// arguments) in a user namespace mapping the caller's user and group to
+// themselves and a mount namespace it owns, with CAP_SYS_ADMIN there only
+// (ambient), and devs in treeEnv: that second stage builds the tree and
+// becomes the program (Exec). This process passes on the signals it gets
+// (forwarded), and exits as the program exited: with its status, or
+// killed by the same signal. The program is killed if this process dies
+// (Pdeathsig). It returns only when the child could not be started: the
+// kernel allows no user namespace to this user, for one.
+func inUserNamespace(devs []Device) error {
+	js, err := json.Marshal(devs)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command("/proc/self/exe", os.Args[1:]...)
+	cmd.Args[0] = os.Args[0]
+	cmd.Env = append(os.Environ(), treeEnv+"="+string(js))
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	uid, gid := os.Geteuid(), os.Getegid()
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  unix.CLONE_NEWUSER | unix.CLONE_NEWNS,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: uid, HostID: uid, Size: 1}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: gid, HostID: gid, Size: 1}},
+		AmbientCaps: []uintptr{unix.CAP_SYS_ADMIN},
+		Pdeathsig:   unix.SIGKILL,
+	}
+	// Pdeathsig fires when the thread that started the child ends: this
+	// one, kept until the process exits.
+	runtime.LockOSThread()
+	signal.Ignore(unix.SIGINT, unix.SIGQUIT)
+	sigs := make(chan os.Signal, 16)
+	signal.Notify(sigs, forwarded...)
+	if err := cmd.Start(); err != nil {
+		signal.Stop(sigs)
+		signal.Reset(unix.SIGINT, unix.SIGQUIT)
+		runtime.UnlockOSThread()
+		return fmt.Errorf("a user namespace: %w", err)
+	}
+	go func() {
+		for s := range sigs {
+			_ = cmd.Process.Signal(s)
+		}
+	}()
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			signal.Reset(ws.Signal())
+			_ = unix.Kill(os.Getpid(), ws.Signal())
+			os.Exit(128 + int(ws.Signal()))
+		}
+		os.Exit(ee.ExitCode())
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "taproce exec: %v\n", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+	return nil
+}
+
+// dropCapabilities clears the ambient capabilities inUserNamespace gave
+// its second stage, on the thread that is to become the program (it stays
+// locked to it), so that the program runs with none.
+func dropCapabilities() error {
+	runtime.LockOSThread()
+	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
+		return fmt.Errorf("drop the ambient capabilities: %w", err)
+	}
+	return nil
 }
 
 func mknod(path string, mode uint32, major, minor int) error {

@@ -10,6 +10,7 @@ package runon
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -157,12 +158,19 @@ type Options struct {
 	Warn io.Writer
 }
 
+// treeEnv carries the devices (JSON) from `taproce exec` run by a user
+// other than root to its second stage: itself again, in a user and mount
+// namespace of its own (inUserNamespace).
+const treeEnv = "TAPROCE_EXEC_TREE"
+
 // Exec becomes o.Program on taproce: it returns only when it could not.
 // Unless o.NoSysfs, it first asks the appliance for its devices (an
 // error when none listens: the program could use no device) and gives
-// the program a private view of /sys/class and /dev that shows them
-// (Sysfs); where that cannot be had, it says so on o.Warn and runs the
-// program without.
+// the program a private view of /sys/class and /dev that shows them: as
+// root in a mount namespace it makes (Sysfs), as another user in a user
+// namespace (inUserNamespace: a child that becomes the program, whose
+// exit status this process then exits with). Where neither can be had,
+// it says so on o.Warn and runs the program without.
 func Exec(ctx context.Context, o Options) error {
 	exe, _ := os.Executable()
 	lib, err := FindLib(o.LibDir, os.Getenv, exe)
@@ -173,9 +181,33 @@ func Exec(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	tree, stage2 := os.LookupEnv(treeEnv)
+	if err := os.Unsetenv(treeEnv); err != nil {
+		return err
+	}
 	env := Env(os.Environ(), lib, o.Socket)
 	argv := append([]string{o.Program}, o.Args...)
-	if !o.NoSysfs {
+	warn := func(err error) {
+		fmt.Fprintf(o.Warn, "taproce exec: %v\ntaproce exec: running %s without a /sys/class/infiniband of the appliance's devices:"+
+			" programs that read it themselves (UCX) will find none\n", err, o.Program)
+	}
+	switch {
+	case stage2:
+		// In the user namespace inUserNamespace made, with CAP_SYS_ADMIN
+		// there; Sysfs's mount namespace is this thread's own (were the
+		// variable set by hand, outside any, the tree stays as private).
+		var devs []Device
+		err := json.Unmarshal([]byte(tree), &devs)
+		if err == nil {
+			err = Sysfs(devs)
+		}
+		if err != nil {
+			warn(fmt.Errorf("in a user namespace: %w", err))
+		}
+		if err := dropCapabilities(); err != nil {
+			return err
+		}
+	case !o.NoSysfs:
 		// The verbs package reads the socket from the environment.
 		if err := os.Setenv(abi.SocketEnv, o.Socket); err != nil {
 			return err
@@ -184,9 +216,13 @@ func Exec(ctx context.Context, o Options) error {
 		if err != nil {
 			return err
 		}
-		if err := Sysfs(devs, path, argv, env); err != nil {
-			fmt.Fprintf(o.Warn, "taproce exec: %v\ntaproce exec: running %s without a /sys/class/infiniband of the appliance's devices:"+
-				" programs that read it themselves (UCX) will find none\n", err, o.Program)
+		if os.Geteuid() == 0 {
+			err = Sysfs(devs)
+		} else {
+			err = inUserNamespace(devs)
+		}
+		if err != nil {
+			warn(err)
 		}
 	}
 	if err := syscall.Exec(path, argv, env); err != nil {

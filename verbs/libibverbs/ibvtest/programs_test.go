@@ -202,3 +202,47 @@ func TestInstall(t *testing.T) {
 		t.Fatalf("%s exec ibv_devices: %v\n%s", bin, err, out)
 	}
 }
+
+// TestExecUnprivileged: `taproce exec` run by a user other than root
+// gives the program the tree in a user namespace of its own (where the
+// kernel allows one): ucx_info finds both devices, the program has no
+// capabilities, and its exit status is taproce exec's.
+func TestExecUnprivileged(t *testing.T) {
+	l := Need(t, false)
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run it as another user")
+	}
+	asNobody := []string{"--reuid", "65534", "--regid", "65534", "--clear-groups"}
+	if out, err := exec.Command("setpriv", append(asNobody, "unshare", "--user", "true")...).CombinedOutput(); err != nil {
+		t.Skipf("no user namespace for an unprivileged user here: %v\n%s", err, out)
+	}
+	r := appliancetest.New(t, appliancetest.Options{Namespace: "ibv"})
+	// The socket's directories, the test's own, are root's alone.
+	for dir := filepath.Dir(r.Socket); dir != os.TempDir() && dir != "/"; dir = filepath.Dir(dir) {
+		if err := os.Chmod(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run := func(args ...string) (string, error) {
+		t.Helper()
+		all := append(append(asNobody, Taproce(t), "exec", "--lib", l.Dir, "--socket", r.Socket, "--"), args...)
+		return Run(t, nil, timeout, "setpriv", all...)
+	}
+	if _, err := exec.LookPath("ucx_info"); err == nil {
+		out, err := run("ucx_info", "-d")
+		if err != nil || strings.Contains(out, "taproce exec:") {
+			t.Fatalf("ucx_info -d as nobody: %v\n%s", err, out)
+		}
+		for _, want := range []string{"Transport: rc_verbs\n#         Device: taproce0:1", "Transport: ud_verbs\n#         Device: taproce1:1"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("ucx_info -d as nobody lacks %q:\n%s", want, out)
+			}
+		}
+	}
+	out, err := run("sh", "-c", "id -u; grep CapEff /proc/self/status; test -c /dev/infiniband/uverbs1 -a -w /dev/infiniband/uverbs1 && "+
+		"cat /sys/class/infiniband/taproce1/ports/1/gid_attrs/types/1; exit 7")
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 7 || out != "65534\nCapEff:\t0000000000000000\nRoCE v2\n" {
+		t.Fatalf("as nobody: %v (want exit status 7)\n%q", err, out)
+	}
+}
