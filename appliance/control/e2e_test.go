@@ -514,3 +514,46 @@ func TestDestroyLingers(t *testing.T) {
 		t.Fatalf("WRITE to the destroyed QP: %+v, want RETRY_EXC_ERR", wc)
 	}
 }
+
+// TestOneWayQPs: a QP with an empty receive queue and one with an empty
+// send queue are created, as rxe creates them (qperf's one-way tests ask
+// for max_recv_wr 0 on the sender and max_send_wr 0 on the receiver);
+// the sender's RDMA WRITE and SEND reach the receiver, and posting to an
+// empty queue answers ENOMEM, the answer of a full one.
+func TestOneWayQPs(t *testing.T) {
+	r := newRig(t, false)
+	ctx := testCtx(t)
+	oneWay := func(c *verbs.Context, send, recv uint32) *end {
+		e := newEnd(t, c, verbs.RC, 1<<16)
+		must(t, e.qp.Destroy(ctx))
+		var err error
+		e.qp, err = e.pd.CreateQP(ctx, verbs.QPInitAttr{Type: verbs.RC, SendCQ: e.cq, RecvCQ: e.cq,
+			Cap: verbs.QPCap{MaxSendWR: send, MaxRecvWR: recv, MaxSendSGE: 1, MaxRecvSGE: 1}})
+		if err != nil {
+			t.Fatalf("create a QP with queues %d/%d: %v", send, recv, err)
+		}
+		return e
+	}
+	a, b := oneWay(r.ca, 16, 0), oneWay(r.cb, 0, 16)
+	connectRC(t, a, b, r.ga, r.gb)
+	if _, err := a.qp.PostRecv([]verbs.RecvWR{{SGL: []verbs.SGE{a.mr.SGE(0, 8)}}}); !errors.Is(err, syscall.ENOMEM) {
+		t.Fatalf("post receive to an empty receive queue: %v", err)
+	}
+	if _, err := b.qp.PostSend([]verbs.SendWR{{Opcode: verbs.WRSend, SGL: []verbs.SGE{b.mr.SGE(0, 8)}}}); !errors.Is(err, syscall.ENOMEM) {
+		t.Fatalf("post send to an empty send queue: %v", err)
+	}
+	copy(a.mr.Bytes(), "one way")
+	_, err := a.qp.PostSend([]verbs.SendWR{{ID: 1, Opcode: verbs.WRRDMAWrite, Flags: verbs.SendSignaled,
+		SGL: []verbs.SGE{a.mr.SGE(0, 7)}, RemoteAddr: b.mr.Addr() + 100, RKey: b.mr.RKey}})
+	must(t, err)
+	if wc := wait(t, a.cq, 1)[0]; wc.Status != verbs.WCSuccess || string(b.mr.Bytes()[100:107]) != "one way" {
+		t.Fatalf("RDMA WRITE: %+v, %q", wc, b.mr.Bytes()[100:107])
+	}
+	_, err = b.qp.PostRecv([]verbs.RecvWR{{ID: 2, SGL: []verbs.SGE{b.mr.SGE(0, 64)}}})
+	must(t, err)
+	_, err = a.qp.PostSend([]verbs.SendWR{{ID: 3, Opcode: verbs.WRSend, Flags: verbs.SendSignaled, SGL: []verbs.SGE{a.mr.SGE(0, 7)}}})
+	must(t, err)
+	if wc := wait(t, b.cq, 1)[0]; wc.Status != verbs.WCSuccess || wc.ByteLen != 7 || string(b.mr.Bytes()[:7]) != "one way" {
+		t.Fatalf("SEND: %+v, %q", wc, b.mr.Bytes()[:7])
+	}
+}

@@ -600,7 +600,9 @@ func (ss *session) createQP(r *abi.CreateQPRequest) (*abi.CreateQPReply, int, er
 		return nil, 0, errno(syscall.EINVAL, "QP needs a PD and CQs")
 	case typ != abi.RC && typ != abi.UC && typ != abi.UD:
 		return nil, 0, errno(syscall.EINVAL, "QP type %d", r.Type)
-	case c.MaxSendWR == 0 || c.MaxSendWR > maxQPWR || c.MaxRecvWR > maxQPWR || srq == nil && c.MaxRecvWR == 0:
+	// Either queue may be empty, as rxe allows: qperf's one-way tests
+	// create a QP that only sends and one that only receives.
+	case c.MaxSendWR > maxQPWR || c.MaxRecvWR > maxQPWR:
 		return nil, 0, errno(syscall.EINVAL, "queue sizes %d/%d, at most %d", c.MaxSendWR, c.MaxRecvWR, maxQPWR)
 	case c.MaxSendSGE > abi.MaxSGE || c.MaxRecvSGE > abi.MaxSGE || c.MaxInline > abi.MaxInline:
 		return nil, 0, errno(syscall.EINVAL, "%d/%d SGEs (at most %d), %d inline (at most %d)",
@@ -623,7 +625,7 @@ func (ss *session) createQP(r *abi.CreateQPRequest) (*abi.CreateQPReply, int, er
 	// The send ring holds twice the queue: the poller releases a slot only
 	// after handing its request to the transport, whose completion the
 	// client may see (and post again after) first.
-	sqSlots, rqSlots := nextPow2(2*c.MaxSendWR), nextPow2(max(c.MaxRecvWR, 1))
+	sqSlots, rqSlots := nextPow2(max(2*c.MaxSendWR, 1)), nextPow2(max(c.MaxRecvWR, 1))
 	sqOff := abi.StateBytes
 	rqOff := abi.RingOffset(sqOff + shmem.RingBytes(int(sqSlots), abi.SendSlot))
 	size := rqOff + shmem.RingBytes(int(rqSlots), abi.RecvSlot)

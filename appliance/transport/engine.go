@@ -330,8 +330,8 @@ type QPConfig struct {
 
 // CreateQP creates a queue pair in the RESET state.
 func (e *Engine) CreateQP(c QPConfig) (*QP, error) {
-	if c.PD == nil || c.SendCQ == nil || c.RecvCQ == nil || c.MaxSendWR <= 0 || c.MaxRecvWR < 0 {
-		return nil, fmt.Errorf("%w: queue pair needs a PD, CQs and a send queue", ErrInvalid)
+	if c.PD == nil || c.SendCQ == nil || c.RecvCQ == nil || c.MaxSendWR < 0 || c.MaxRecvWR < 0 {
+		return nil, fmt.Errorf("%w: queue pair needs a PD and CQs", ErrInvalid)
 	}
 	if c.Type != abi.RC && c.Type != abi.UD && c.Type != abi.UC {
 		return nil, fmt.Errorf("%w: QP type %v", ErrInvalid, c.Type)
@@ -345,7 +345,9 @@ func (e *Engine) CreateQP(c QPConfig) (*QP, error) {
 		e.nextQPN = (e.nextQPN + 1) & roce.QPNMask
 	}
 	qp := &QP{e: e, num: e.nextQPN, cfg: c, state: abi.QPSReset}
-	qp.sq = make([]sendWQE, c.MaxSendWR)
+	// An empty queue is allowed, as rxe allows it (qperf's one-way tests
+	// make QPs that only send or only receive): it takes no work.
+	qp.sq = make([]sendWQE, max(c.MaxSendWR, 1))
 	qp.rq = make([]recvWQE, max(c.MaxRecvWR, 1))
 	qp.cache = make([]respEntry, 16)
 	qp.addRecv = qp.addRecvLocked

@@ -328,7 +328,7 @@ func (qp *QP) PostSend(wrs []SendWR) (int, error) {
 	}
 	for i := range wrs {
 		wr := &wrs[i]
-		if qp.sqTl-qp.sqHead == uint64(len(qp.sq)) {
+		if qp.sqTl-qp.sqHead == uint64(len(qp.sq)) || qp.cfg.MaxSendWR == 0 {
 			return i, ErrQueueFull
 		}
 		if err := qp.checkSendWR(wr); err != nil {

@@ -5,6 +5,7 @@
 //	taproce run --config FILE         the appliance daemon
 //	taproce lab [flags]               the veth-pair lab: namespaces, ports, checks, RDMA, client processes
 //	taproce devices | devinfo         the devices this namespace may use (ibv_devices, ibv_devinfo)
+//	taproce exec [flags] -- PROG ...  run an unmodified libibverbs program on taproce
 //	taproce pingpong [flags] [host]   ibv_rc_pingpong / ibv_uc_pingpong / ibv_ud_pingpong
 //	taproce perf TEST [flags] [host]  perftest: write_bw, read_bw, send_bw, atomic_bw, *_lat
 //	taproce rdma-demo listen|dial     two applications check each other's RDMA
@@ -34,6 +35,7 @@ var commands = map[string]command{
 	"decode":    {"dissect RoCEv2 frames in pcap/pcapng files and check their ICRC", runDecode},
 	"devices":   {"list the appliance's devices, as ibv_devices does", runDevices},
 	"devinfo":   {"show devices' attributes, as ibv_devinfo does", runDevinfo},
+	"exec":      {"run an unmodified libibverbs program (ibv_*, perftest, UCX, pyverbs) on the appliance's devices", runExec},
 	"lab":       {"build a lab of network namespaces with a taproce port in each and prove it works", runLab},
 	"perf":      {"measure RDMA bandwidth and latency as perftest does (write_bw, send_lat, …), against perftest or taproce", runPerf},
 	"pingpong":  {"ibv_rc_pingpong, ibv_uc_pingpong and ibv_ud_pingpong on the appliance's verbs", runPingpong},

@@ -103,29 +103,57 @@ TP_EXPORT enum ibv_rate mbps_to_ibv_rate(int mbps)
 	return IBV_RATE_MAX;
 }
 
-TP_EXPORT const char *ibv_get_sysfs_path(void)
+/* sysfs_path is ibv_get_sysfs_path's answer, decided once: SYSFS_PATH
+ * without its trailing slashes (at most IBV_SYSFS_PATH_MAX bytes of it; an
+ * empty one stays empty), unless the program runs set-user-ID, else /sys,
+ * as rdma-core decides it. */
+static const char *sysfs_path;
+static pthread_once_t sysfs_once = PTHREAD_ONCE_INIT;
+
+static void find_sysfs_path(void)
 {
-	const char *env = getenv("SYSFS_PATH");
-	return env && env[0] ? env : "/sys";
+	const char *env = getuid() == geteuid() ? getenv("SYSFS_PATH") : NULL;
+	char *p = env ? strndup(env, IBV_SYSFS_PATH_MAX) : NULL;
+	if (p == NULL) {
+		sysfs_path = "/sys";
+		return;
+	}
+	for (size_t n = strlen(p); n > 0 && p[n - 1] == '/'; n--)
+		p[n - 1] = '\0';
+	sysfs_path = p;
 }
 
+TP_EXPORT const char *ibv_get_sysfs_path(void)
+{
+	pthread_once(&sysfs_once, find_sysfs_path);
+	return sysfs_path;
+}
+
+/* ibv_read_sysfs_file reads dir/file into buf as rdma-core does: the
+ * bytes read, a final newline replaced by the terminating NUL; -1 when it
+ * cannot be opened or read, or when it fills buf with no newline at its
+ * end (no room for the NUL); 0, buf untouched, for an empty file. */
 TP_EXPORT int ibv_read_sysfs_file(const char *dir, const char *file, char *buf, size_t size)
 {
-	char path[512];
-	if (snprintf(path, sizeof(path), "%s/%s", dir, file) >= (int)sizeof(path))
+	char *path;
+	if (asprintf(&path, "%s/%s", dir, file) < 0)
 		return -1;
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	free(path);
 	if (fd < 0)
 		return -1;
 	ssize_t n = read(fd, buf, size);
+	int e = errno;
 	close(fd);
+	errno = e;
 	if (n <= 0)
-		return -1;
-	if ((size_t)n == size)
-		n--;
-	buf[n] = '\0';
-	if (n > 0 && buf[n - 1] == '\n')
+		return (int)n;
+	if (buf[n - 1] == '\n')
 		buf[--n] = '\0';
+	else if ((size_t)n < size)
+		buf[n] = '\0';
+	else
+		return -1;
 	return (int)n;
 }
 

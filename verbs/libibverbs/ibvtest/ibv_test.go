@@ -588,3 +588,42 @@ func hugePages(t *testing.T, n int) bool {
 	}
 	return true
 }
+
+// TestSysfsReadsAsRdmaCore: ibv_get_sysfs_path and ibv_read_sysfs_file,
+// which programs call to read sysfs (taproce exec's tree among it), answer
+// as rdma-core 44's do — checked against Debian's libibverbs.so.1 itself —
+// for files of every shape (testdata/sysfs.c: a final newline or none,
+// empty, filling the buffer, missing, a directory) and every SYSFS_PATH.
+func TestSysfsReadsAsRdmaCore(t *testing.T) {
+	l := Need(t, false)
+	const stock = "/usr/lib/x86_64-linux-gnu/libibverbs.so.1"
+	if _, err := os.Stat(stock); err != nil {
+		t.Skipf("no rdma-core libibverbs.so.1 to compare with: %v", err)
+	}
+	bin := userProgram(t, "sysfs")
+	var base []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "LD_LIBRARY_PATH=") && !strings.HasPrefix(kv, "SYSFS_PATH=") {
+			base = append(base, kv)
+		}
+	}
+	for _, sysfs := range []string{"", "SYSFS_PATH=/x//", "SYSFS_PATH=", "SYSFS_PATH=/y"} {
+		t.Run(sysfs, func(t *testing.T) {
+			env := base
+			if sysfs != "" {
+				env = append(env[:len(env):len(env)], sysfs)
+			}
+			theirs, err := Run(t, env, timeout, bin, t.TempDir())
+			if err != nil {
+				t.Fatalf("with rdma-core's library: %v\n%s", err, theirs)
+			}
+			ours, err := Run(t, append(env[:len(env):len(env)], "LD_LIBRARY_PATH="+l.Dir), timeout, bin, t.TempDir())
+			if err != nil {
+				t.Fatalf("with taproce's library: %v\n%s", err, ours)
+			}
+			if ours != theirs {
+				t.Errorf("taproce's library answers\n%s\nrdma-core's\n%s", ours, theirs)
+			}
+		})
+	}
+}

@@ -106,6 +106,50 @@ func (l *Lib) Env(socket string) []string {
 	return env
 }
 
+var (
+	taproceOnce sync.Once
+	taproceBin  string
+	taproceErr  error
+)
+
+// Taproce returns the taproce command, built from this source tree (go
+// build) into the library's build directory once per test binary.
+func Taproce(t testing.TB) string {
+	t.Helper()
+	taproceOnce.Do(func() {
+		bin := filepath.Join(srcDir(), "build", "taproce")
+		cmd := exec.Command("go", "build", "-o", bin, "github.com/taproce/taproce")
+		cmd.Dir = srcDir()
+		if b, err := cmd.CombinedOutput(); err != nil {
+			taproceErr = fmt.Errorf("ibvtest: go build taproce: %v\n%s", err, b)
+			return
+		}
+		taproceBin = bin
+	})
+	if taproceErr != nil {
+		t.Fatal(taproceErr)
+	}
+	return taproceBin
+}
+
+// Exec starts program with args on taproce as a user would, through
+// `taproce exec --lib DIR --socket SOCKET -- PROGRAM ARGS…` with l and
+// the appliance at socket, the test's environment with env added; it is
+// skipped when program is not installed. Like Start, it is killed after
+// timeout or when the test ends.
+func (l *Lib) Exec(t testing.TB, socket string, env []string, timeout time.Duration, program string, args ...string) *Program {
+	t.Helper()
+	if _, err := exec.LookPath(program); err != nil {
+		t.Skipf("%s is not installed (scripts/setup installs it): %v", program, err)
+	}
+	all := append(os.Environ(), env...)
+	if l.Preload != "" {
+		all = append(all, "LD_PRELOAD="+l.Preload, "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1",
+			"UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+	}
+	return Start(t, all, timeout, Taproce(t), append([]string{"exec", "--lib", l.Dir, "--socket", socket, "--", program}, args...)...)
+}
+
 // Output collects a program's output; it may be read while the program
 // writes.
 type Output struct {

@@ -1,0 +1,50 @@
+package cli
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestExecErrors: what keeps `taproce exec` from running a program is
+// said in one place, with the way out — no program (usage, exit 2), no
+// library of taproce's where it looked (where, and how to get one), no
+// such program, no appliance (where it looked, how to start one) — exit 1.
+func TestExecErrors(t *testing.T) {
+	lib := t.TempDir()
+	if err := os.WriteFile(filepath.Join(lib, "libibverbs.so.1"), []byte("TAPROCE_SOCKET"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("TAPROCE_LIBDIR", "")
+	// runon.Exec points the verbs library at --socket through the
+	// environment: restored after the test.
+	t.Setenv("TAPROCE_SOCKET", os.Getenv("TAPROCE_SOCKET"))
+	nowhere := filepath.Join(t.TempDir(), "none.sock")
+	for _, c := range []struct {
+		args []string
+		code int
+		want []string
+	}{
+		{[]string{"exec"}, 2, []string{"taproce exec: no program to run\n", "Usage: taproce exec"}},
+		{[]string{"exec", "--lib", t.TempDir(), "true"}, 1,
+			[]string{"taproce exec: taproce's libibverbs.so.1 was not found", "no libibverbs.so.1", "make -C verbs/libibverbs install"}},
+		{[]string{"exec", "--lib", lib, "--no-sysfs", "no-such-program-here"}, 1,
+			[]string{"taproce exec: exec: \"no-such-program-here\": executable file not found"}},
+		{[]string{"exec", "--lib", lib, "--socket", nowhere, "true"}, 1,
+			[]string{"taproce exec: no appliance is listening at " + nowhere, applianceHint}},
+	} {
+		code, out, errOut := runCmd(c.args...)
+		if code != c.code || out != "" {
+			t.Errorf("taproce %q: exit %d, stdout %q; want %d and nothing", c.args, code, out, c.code)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(errOut, w) {
+				t.Errorf("taproce %q: stderr lacks %q:\n%s", c.args, w, errOut)
+			}
+		}
+	}
+	if code, _, errOut := runCmd("exec", "-h"); code != 0 || !strings.Contains(errOut, "LD_LIBRARY_PATH=/usr/local/lib/taproce TAPROCE_SOCKET=") {
+		t.Errorf("taproce exec -h: exit %d, %s", code, errOut)
+	}
+}

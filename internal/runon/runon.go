@@ -1,0 +1,232 @@
+// Package runon runs an unmodified program on taproce (`taproce exec`):
+// it finds taproce's libibverbs.so.1 and puts it first on the program's
+// library path, points the program at the appliance's socket, gives it a
+// /sys/class/infiniband and a /dev/infiniband describing the appliance's
+// devices as the kernel describes rxe's (programs such as UCX read them
+// themselves), and then becomes the program (execve), so that its
+// signals and exit status are the program's own.
+package runon
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/taproce/taproce/verbs/abi"
+)
+
+// LibName is the library a program loads: rdma-core's soname.
+const LibName = "libibverbs.so.1"
+
+// LibDirEnv names the directory of taproce's libibverbs.so.1 when no
+// --lib is given.
+const LibDirEnv = "TAPROCE_LIBDIR"
+
+// DefaultLibDirs are where `make -C verbs/libibverbs install` puts the
+// library (PREFIX /usr/local) and where a package would, after the
+// directory beside the taproce binary (../lib/taproce).
+var DefaultLibDirs = []string{"/usr/local/lib/taproce", "/usr/lib/taproce"}
+
+// marker is a string only taproce's library holds (the environment
+// variable it reads): a directory whose libibverbs.so.1 lacks it holds
+// rdma-core's, which would find no device.
+var marker = []byte(abi.SocketEnv)
+
+// NoLibError is FindLib's error when no directory it looked in holds
+// taproce's library; its text says where it looked and how to get one.
+type NoLibError struct {
+	// Tried are the directories looked in, in order.
+	Tried []string
+	// Why says, for each, what was wrong.
+	Why []error
+}
+
+func (e *NoLibError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "taproce's %s was not found; looked in:", LibName)
+	for i, d := range e.Tried {
+		fmt.Fprintf(&b, "\n  %s: %v", d, e.Why[i])
+	}
+	fmt.Fprintf(&b, "\nBuild and install it with `make -C verbs/libibverbs install` (into /usr/local/lib/taproce),\n"+
+		"or name its directory with --lib DIR or %s.", LibDirEnv)
+	return b.String()
+}
+
+// errNotOurs says a directory's libibverbs.so.1 is another library's.
+var errNotOurs = errors.New("holds a " + LibName + " that is not taproce's (rdma-core's?)")
+
+// FindLib returns the directory of taproce's libibverbs.so.1: dir when
+// given (--lib), else the one getenv(LibDirEnv) names, else the first of
+// ../lib/taproce beside the binary exe and DefaultLibDirs that holds it.
+// A directory named explicitly (flag or environment) must hold it: the
+// user asked for that one, so FindLib does not look further.
+func FindLib(dir string, getenv func(string) string, exe string) (string, error) {
+	var candidates []string
+	explicit := true
+	switch {
+	case dir != "":
+		candidates = []string{dir}
+	case getenv(LibDirEnv) != "":
+		candidates = []string{getenv(LibDirEnv)}
+	default:
+		explicit = false
+		if exe != "" {
+			if real, err := filepath.EvalSymlinks(exe); err == nil {
+				exe = real
+			}
+			candidates = append(candidates, filepath.Join(filepath.Dir(exe), "..", "lib", "taproce"))
+		}
+		candidates = append(candidates, DefaultLibDirs...)
+	}
+	e := &NoLibError{}
+	for _, d := range candidates {
+		abs, err := filepath.Abs(d)
+		if err == nil {
+			err = checkLib(filepath.Join(abs, LibName))
+		}
+		if err == nil {
+			return abs, nil
+		}
+		e.Tried = append(e.Tried, filepath.Clean(d))
+		e.Why = append(e.Why, err)
+		if explicit {
+			break
+		}
+	}
+	return "", e
+}
+
+// checkLib says whether path is taproce's library.
+func checkLib(path string) error {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("no %s", LibName)
+	}
+	if err != nil {
+		return err
+	}
+	if !bytes.Contains(b, marker) {
+		return errNotOurs
+	}
+	return nil
+}
+
+// Env returns environ with libDir first on LD_LIBRARY_PATH and
+// TAPROCE_SOCKET set to socket: what the program needs to load taproce's
+// library and reach the appliance.
+func Env(environ []string, libDir, socket string) []string {
+	out := make([]string, 0, len(environ)+2)
+	path := libDir
+	for _, kv := range environ {
+		k, v, _ := strings.Cut(kv, "=")
+		switch k {
+		case "LD_LIBRARY_PATH":
+			if v != "" {
+				path = libDir + ":" + v
+			}
+			continue
+		case abi.SocketEnv:
+			continue
+		}
+		out = append(out, kv)
+	}
+	return append(out, "LD_LIBRARY_PATH="+path, abi.SocketEnv+"="+socket)
+}
+
+// Options is what Exec runs, and how.
+type Options struct {
+	// LibDir is --lib: the directory of taproce's library ("" to look
+	// for it, FindLib).
+	LibDir string
+	// Socket is the appliance's socket.
+	Socket string
+	// NoSysfs leaves the program the machine's own /sys/class and /dev.
+	NoSysfs bool
+	// Program and Args are what to run; Program is looked up in PATH.
+	Program string
+	Args    []string
+	// Warn is told what Exec could not give the program and why, when
+	// it runs the program all the same.
+	Warn io.Writer
+}
+
+// treeEnv carries the devices (JSON) from `taproce exec` run by a user
+// other than root to its second stage: itself again, in a user and mount
+// namespace of its own (inUserNamespace).
+const treeEnv = "TAPROCE_EXEC_TREE"
+
+// Exec becomes o.Program on taproce: it returns only when it could not.
+// Unless o.NoSysfs, it first asks the appliance for its devices (an
+// error when none listens: the program could use no device) and gives
+// the program a private view of /sys/class and /dev that shows them: as
+// root in a mount namespace it makes (Sysfs), as another user in a user
+// namespace (inUserNamespace: a child that becomes the program, whose
+// exit status this process then exits with). Where neither can be had,
+// it says so on o.Warn and runs the program without.
+func Exec(ctx context.Context, o Options) error {
+	exe, _ := os.Executable()
+	lib, err := FindLib(o.LibDir, os.Getenv, exe)
+	if err != nil {
+		return err
+	}
+	path, err := exec.LookPath(o.Program)
+	if err != nil {
+		return err
+	}
+	tree, stage2 := os.LookupEnv(treeEnv)
+	if err := os.Unsetenv(treeEnv); err != nil {
+		return err
+	}
+	env := Env(os.Environ(), lib, o.Socket)
+	argv := append([]string{o.Program}, o.Args...)
+	warn := func(err error) {
+		fmt.Fprintf(o.Warn, "taproce exec: %v\ntaproce exec: running %s without a /sys/class/infiniband of the appliance's devices:"+
+			" programs that read it themselves (UCX) will find none\n", err, o.Program)
+	}
+	switch {
+	case stage2:
+		// In the user namespace inUserNamespace made, with CAP_SYS_ADMIN
+		// there; Sysfs's mount namespace is this thread's own (were the
+		// variable set by hand, outside any, the tree stays as private).
+		var devs []Device
+		err := json.Unmarshal([]byte(tree), &devs)
+		if err == nil {
+			err = Sysfs(devs)
+		}
+		if err != nil {
+			warn(fmt.Errorf("in a user namespace: %w", err))
+		}
+		if err := dropCapabilities(); err != nil {
+			return err
+		}
+	case !o.NoSysfs:
+		// The verbs package reads the socket from the environment.
+		if err := os.Setenv(abi.SocketEnv, o.Socket); err != nil {
+			return err
+		}
+		devs, err := Query(ctx)
+		if err != nil {
+			return err
+		}
+		if os.Geteuid() == 0 {
+			err = Sysfs(devs)
+		} else {
+			err = inUserNamespace(devs)
+		}
+		if err != nil {
+			warn(err)
+		}
+	}
+	if err := syscall.Exec(path, argv, env); err != nil {
+		return fmt.Errorf("exec %s: %w", path, err)
+	}
+	return nil
+}
