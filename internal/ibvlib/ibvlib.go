@@ -191,13 +191,8 @@ func isCheckout(dir string) bool {
 // missing; make's output goes to log (nil: discarded) and, on failure,
 // into the error.
 func Build(ctx context.Context, checkout string, log io.Writer) (Found, error) {
-	for _, tool := range []string{"make", "cc"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			return Found{}, fmt.Errorf("ibvlib: %w: %w", ErrNoToolchain, err)
-		}
-	}
-	if _, err := os.Stat("/usr/include/infiniband/verbs.h"); err != nil {
-		return Found{}, fmt.Errorf("ibvlib: %w: %w", ErrNoToolchain, err)
+	if err := Toolchain(); err != nil {
+		return Found{}, err
 	}
 	src := filepath.Join(checkout, "verbs", "libibverbs")
 	var out bytes.Buffer
@@ -215,6 +210,21 @@ func Build(ctx context.Context, checkout string, log io.Writer) (Found, error) {
 		return Found{}, fmt.Errorf("ibvlib: %s: %w", f.Path(), err)
 	}
 	return f, nil
+}
+
+// Toolchain returns an error wrapping ErrNoToolchain when this machine
+// lacks what building the library takes: make, cc and Debian's
+// libibverbs-dev headers.
+func Toolchain() error {
+	for _, tool := range []string{"make", "cc"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("ibvlib: %w: %w", ErrNoToolchain, err)
+		}
+	}
+	if _, err := os.Stat("/usr/include/infiniband/verbs.h"); err != nil {
+		return fmt.Errorf("ibvlib: %w: %w", ErrNoToolchain, err)
+	}
+	return nil
 }
 
 // tail returns the last n lines of s.
