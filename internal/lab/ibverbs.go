@@ -77,7 +77,8 @@ func findLibrary(ctx context.Context, dir, binary string) (library, Step) {
 	s := Step{Name: "taproce's libibverbs.so.1 for Debian's programs"}
 	lib := library{}
 	found, err := ibvlib.Find(dir, binary)
-	if errors.Is(err, ibvlib.ErrNotFound) && dir == "" && os.Getenv(ibvlib.EnvDir) == "" {
+	named := dir != "" || os.Getenv(ibvlib.EnvDir) != ""
+	if errors.Is(err, ibvlib.ErrNotFound) && !named {
 		wd, _ := os.Getwd()
 		if top, ok := ibvlib.Checkout(wd); ok {
 			var berr error
@@ -100,7 +101,10 @@ func findLibrary(ctx context.Context, dir, binary string) (library, Step) {
 	case errors.Is(err, ibvlib.ErrNotFound):
 		lib.why = "no taproce libibverbs.so.1"
 		s.OK, s.Skipped = true, true
-		s.Detail = "not run: " + err.Error() + " (--libdir or " + ibvlib.EnvDir + " names one)"
+		s.Detail = "not run: " + err.Error()
+		if !named {
+			s.Detail += " (--libdir or " + ibvlib.EnvDir + " names one; make -C verbs/libibverbs in a checkout builds one)"
+		}
 	default:
 		lib.why, lib.fail = "no usable taproce libibverbs.so.1", true
 		s.Detail = err.Error()
