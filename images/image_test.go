@@ -82,14 +82,51 @@ func argDefaults(ins []instruction) map[string]string {
 	return m
 }
 
+// Stages of the Dockerfile, by name: the Go build, the library's build
+// (cbuild); the runtime stage is the last, unnamed.
+const (
+	goStage = "build"
+	cStage  = "cbuild"
+)
+
+// stages returns the index of each named stage, and the runtime stage's
+// (the last).
+func stages(ins []instruction) (named map[string]int, runtime int) {
+	named = map[string]int{}
+	for _, in := range ins {
+		if in.cmd != "FROM" {
+			continue
+		}
+		f := strings.Fields(in.args)
+		if len(f) == 3 && strings.EqualFold(f[1], "AS") {
+			named[f[2]] = in.stage
+		}
+		runtime = in.stage
+	}
+	return named, runtime
+}
+
+// baseImage returns a FROM's image with a build argument's default put
+// in.
+func baseImage(in instruction, args map[string]string) string {
+	image := strings.Fields(in.args)[0]
+	if v, ok := strings.CutPrefix(image, "${"); ok {
+		image = args[strings.TrimSuffix(v, "}")]
+	}
+	return image
+}
+
 // TestDockerfileReview checks by hand what hadolint would, and what this
-// image needs: pinned base images (no latest), a build stage that
-// downloads modules before copying the sources, no ADD, exec-form
+// image needs: pinned base images (no latest), a Go build stage that
+// downloads modules before copying the sources, a Debian bookworm stage
+// for the library that installs packages only when its base lacks them
+// (without recommends, leaving no package lists), no ADD, exec-form
 // ENTRYPOINT, an explicit USER in the runtime stage, and a Go builder of
 // the version go.mod asks for.
 func TestDockerfileReview(t *testing.T) {
 	ins := parseDockerfile(t)
 	args := argDefaults(ins)
+	named, runtimeStage := stages(ins)
 	var froms []instruction
 	order := map[string]int{}
 	for i, in := range ins {
@@ -102,7 +139,14 @@ func TestDockerfileReview(t *testing.T) {
 			t.Errorf("line %d: MAINTAINER is deprecated", in.line)
 		case "RUN":
 			if strings.Contains(in.args, "apt-get") || strings.Contains(in.args, "apk ") {
-				t.Errorf("line %d: installs packages; the build needs only Go", in.line)
+				switch {
+				case in.stage != named[cStage]:
+					t.Errorf("line %d: installs packages; only the library's stage may", in.line)
+				case !strings.HasPrefix(in.args, "if ! {"):
+					t.Errorf("line %d: installs packages even when the base image has them", in.line)
+				case !strings.Contains(in.args, "--no-install-recommends") || !strings.Contains(in.args, "rm -rf /var/lib/apt/lists/*"):
+					t.Errorf("line %d: apt-get install without --no-install-recommends or leaving the lists", in.line)
+				}
 			}
 			if strings.Contains(in.args, "go mod download") {
 				order["download"] = i
@@ -123,17 +167,28 @@ func TestDockerfileReview(t *testing.T) {
 	if !(order["copy mod"] < order["download"] && order["download"] < order["copy all"]) {
 		t.Errorf("the module download is not cached apart from the sources: %v", order)
 	}
-	if len(froms) != 2 {
-		t.Fatalf("%d stages, want a builder and a runtime image", len(froms))
+	if len(froms) != 3 {
+		t.Fatalf("%d stages, want the Go build, the library's build and a runtime image", len(froms))
 	}
-	builder := strings.Fields(froms[0].args)
-	image := builder[0]
-	if v, ok := strings.CutPrefix(image, "${"); ok {
-		image = args[strings.TrimSuffix(v, "}")]
+	if _, ok := named[goStage]; !ok {
+		t.Fatalf("no stage named %s", goStage)
 	}
-	if !strings.Contains(image, ":") || strings.HasSuffix(image, ":latest") || len(builder) != 3 || builder[1] != "AS" {
-		t.Errorf("builder %q (%q): want a tagged image AS a named stage", froms[0].args, image)
+	if _, ok := named[cStage]; !ok {
+		t.Fatalf("no stage named %s", cStage)
 	}
+	for _, in := range froms[:2] {
+		builder := strings.Fields(in.args)
+		image := baseImage(in, args)
+		if !strings.Contains(image, ":") || strings.HasSuffix(image, ":latest") || len(builder) != 3 || builder[1] != "AS" {
+			t.Errorf("builder %q (%q): want a tagged image AS a named stage", in.args, image)
+		}
+	}
+	// The library is built against bookworm's glibc: the pods' images
+	// (the perftest image is bookworm) must have that glibc or a later one.
+	if image := baseImage(froms[named[cStage]], args); !strings.HasSuffix(image, ":bookworm") {
+		t.Errorf("the library's builder %s is not Debian bookworm", image)
+	}
+	image := baseImage(froms[named[goStage]], args)
 	data, err := os.ReadFile("../go.mod")
 	if err != nil {
 		t.Fatal(err)
@@ -146,13 +201,13 @@ func TestDockerfileReview(t *testing.T) {
 	if !regexp.MustCompile(`golang:` + regexp.QuoteMeta(goMinor) + `\b`).MatchString(image) {
 		t.Errorf("builder %s is not Go %s, which go.mod asks for", image, goMinor)
 	}
-	runtime := froms[1].args
+	runtime := froms[runtimeStage].args
 	if runtime != "scratch" && !strings.HasPrefix(runtime, "gcr.io/distroless/static") {
 		t.Errorf("runtime image %s: want scratch or distroless static", runtime)
 	}
 	hasUser := false
 	for _, in := range ins {
-		if in.stage == 1 && in.cmd == "USER" {
+		if in.stage == runtimeStage && in.cmd == "USER" {
 			hasUser = true
 		}
 	}
@@ -185,10 +240,11 @@ func dockerBuild(t *testing.T) string {
 			return
 		}
 		ins := parseDockerfile(t)
+		named, _ := stages(ins)
 		env := append(os.Environ(), "VERSION=test-1.2.3")
 		ran := 0
 		for _, in := range ins {
-			if in.stage != 0 {
+			if in.stage != named[goStage] {
 				continue
 			}
 			if in.cmd == "ENV" {
@@ -219,8 +275,10 @@ func dockerBuild(t *testing.T) string {
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if builtDir != "" {
-		os.RemoveAll(builtDir)
+	for _, dir := range []string{builtDir, cBuildRoot} {
+		if dir != "" {
+			os.RemoveAll(dir)
+		}
 	}
 	os.Exit(code)
 }
@@ -233,8 +291,10 @@ func TestImageBinaries(t *testing.T) {
 	dir := dockerBuild(t)
 	// The runtime stage copies exactly these.
 	var copied []string
-	for _, in := range parseDockerfile(t) {
-		if in.stage == 1 && in.cmd == "COPY" && strings.HasPrefix(in.args, "--from=build ") {
+	ins := parseDockerfile(t)
+	_, runtimeStage := stages(ins)
+	for _, in := range ins {
+		if in.stage == runtimeStage && in.cmd == "COPY" && strings.HasPrefix(in.args, "--from="+goStage+" ") {
 			f := strings.Fields(in.args)
 			for _, src := range f[1 : len(f)-1] {
 				copied = append(copied, filepath.Base(src))
@@ -288,8 +348,26 @@ func TestImageBinaries(t *testing.T) {
 	}
 }
 
+// entrypointDefaults returns the defaults of the entrypoint's flags, as
+// its -h prints them.
+func entrypointDefaults(t *testing.T, bin string) map[string]string {
+	t.Helper()
+	out, _ := exec.Command(bin, "-h").CombinedOutput()
+	m := map[string]string{}
+	re := regexp.MustCompile(`(?m)^  -([a-z-]+)(?: \S+)?\n\s+\t.*\(default "([^"]*)"\)$`)
+	for _, f := range re.FindAllStringSubmatch(string(out), -1) {
+		m[f[1]] = f[2]
+	}
+	if len(m) == 0 {
+		t.Fatalf("no defaults in the entrypoint's help:\n%s", out)
+	}
+	return m
+}
+
 // TestDaemonSetArgs: the entrypoint, built as the image has it, accepts
-// the DaemonSet's arguments.
+// the DaemonSet's arguments; it installs the library from where the
+// image has it into the directory the DaemonSet mounts from the node's
+// NodeLibDir, which the DaemonSet does not override.
 func TestDaemonSetArgs(t *testing.T) {
 	dir := dockerBuild(t)
 	_, c := applianceContainer(t)
@@ -297,6 +375,16 @@ func TestDaemonSetArgs(t *testing.T) {
 		t.Fatalf("the DaemonSet overrides the image's entrypoint: %v", c["command"])
 	}
 	args := Strings(c["args"])
+	defaults := entrypointDefaults(t, filepath.Join(dir, "taproce-entrypoint"))
+	if defaults["lib"] != imageLib || defaults["lib-dir"] != entrypointLibDir {
+		t.Errorf("the entrypoint installs %q into %q; the image has it at %s, the DaemonSet mounts %s at %s",
+			defaults["lib"], defaults["lib-dir"], imageLib, NodeLibDir, entrypointLibDir)
+	}
+	for _, a := range args {
+		if strings.HasPrefix(a, "-lib") || strings.HasPrefix(a, "--lib") {
+			t.Errorf("the DaemonSet overrides %s", a)
+		}
+	}
 	// -version first: the flags are parsed, then it prints and exits.
 	out, err := exec.Command(filepath.Join(dir, "taproce-entrypoint"), append([]string{"-version"}, args...)...).CombinedOutput()
 	if err != nil {

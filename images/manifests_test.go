@@ -3,6 +3,7 @@ package images
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"path"
 	"reflect"
@@ -133,7 +134,8 @@ func TestManifestKinds(t *testing.T) {
 	}
 	slices.Sort(got)
 	want := []string{"ConfigMap/taproce-config", "DaemonSet/taproce", "Namespace/taproce-system", "NetworkAttachmentDefinition/taproce-rdma",
-		"Pod/taproce-perf-client", "Pod/taproce-perf-server", "Service/taproce-perf"}
+		"Pod/taproce-ib-write-bw-client", "Pod/taproce-ib-write-bw-server", "Pod/taproce-perf-client", "Pod/taproce-perf-server",
+		"Service/taproce-ib-write-bw", "Service/taproce-perf"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("manifests %v, want %v", got, want)
 	}
@@ -239,6 +241,7 @@ func TestDaemonSet(t *testing.T) {
 		path.Dir(cfg.StateFile):   path.Dir(cfg.StateFile),
 		"/host/opt/cni/bin":       "/opt/cni/bin",
 		"/host/etc/cni/net.d":     "/etc/cni/net.d",
+		entrypointLibDir:          NodeLibDir,
 		"/var/run/netns":          "/var/run/netns",
 		"/dev/net/tun":            "/dev/net/tun",
 	} {
@@ -373,6 +376,90 @@ func TestPerfExample(t *testing.T) {
 	}
 	if servers != 1 || clients != 1 {
 		t.Errorf("%d servers and %d clients", servers, clients)
+	}
+}
+
+// ibverbsPod is a pod of ibverbs-example.yaml: its spec, its container
+// and the program's command line.
+type ibverbsPod struct {
+	m       Manifest
+	spec, c map[string]any
+	cmd     []string
+}
+
+// ibverbsPods returns the server and the client of ibverbs-example.yaml.
+func ibverbsPods(t *testing.T) (server, client ibverbsPod) {
+	t.Helper()
+	for _, m := range manifests(t) {
+		if m.Kind != "Pod" || m.File != "ibverbs-example.yaml" {
+			continue
+		}
+		spec := podSpec(m)
+		c, _ := Get(spec, "containers", 0).(map[string]any)
+		p := ibverbsPod{m: m, spec: spec, c: c, cmd: append(Strings(c["command"]), Strings(c["args"])...)}
+		switch Get(m.Object, "metadata", "labels", "app.kubernetes.io/component") {
+		case "server":
+			server = p
+		case "client":
+			client = p
+		}
+	}
+	if server.c == nil || client.c == nil {
+		t.Fatal("ibverbs-example.yaml lacks a server or a client pod")
+	}
+	return server, client
+}
+
+// TestIbverbsExample: the pods run Debian's ib_write_bw itself on the
+// GID of the pod's address, the client with the server's arguments and
+// the headless Service's name; they load taproce's libibverbs.so.1 from
+// the node's directory where the DaemonSet installs it (LD_LIBRARY_PATH
+// names a read-only hostPath mount of NodeLibDir), reach the appliance's
+// socket as the perf pods do, and need no privileges.
+func TestIbverbsExample(t *testing.T) {
+	cfg := applianceConfig(t)
+	svc := find(t, "Service", "taproce-ib-write-bw")
+	if Get(svc, "spec", "clusterIP") != "None" {
+		t.Error("the Service is not headless: its name would not resolve to the server's GID")
+	}
+	server, client := ibverbsPods(t)
+	if !selects(Get(svc, "spec", "selector"), Get(server.m.Object, "metadata", "labels")) ||
+		selects(Get(svc, "spec", "selector"), Get(client.m.Object, "metadata", "labels")) {
+		t.Error("the Service does not select the server alone")
+	}
+	if len(server.cmd) < 3 || server.cmd[0] != "/usr/bin/ib_write_bw" || !slices.Contains(server.cmd, "-x") ||
+		server.cmd[slices.Index(server.cmd, "-x")+1] != "1" {
+		t.Errorf("the server runs %v: want Debian's /usr/bin/ib_write_bw on GID index 1 (the pod's address)", server.cmd)
+	}
+	want := append(slices.Clone(server.cmd), "taproce-ib-write-bw."+client.m.Namespace+".svc.cluster.local")
+	if !slices.Equal(client.cmd, want) {
+		t.Errorf("the client runs %v, want %v", client.cmd, want)
+	}
+	ds, dsc := applianceContainer(t)
+	if got, _ := hostMount(ds, dsc, entrypointLibDir); got != NodeLibDir {
+		t.Fatalf("the DaemonSet installs the library into the host's %q, not %s", got, NodeLibDir)
+	}
+	for _, p := range []ibverbsPod{server, client} {
+		if len(Get(p.spec, "containers").([]any)) != 1 {
+			t.Errorf("%v: not one container", p.m)
+		}
+		env := Named(p.c["env"], "LD_LIBRARY_PATH")
+		dir, _ := env["value"].(string)
+		got, mnt := hostMount(p.spec, p.c, dir)
+		vol := Named(p.spec["volumes"], fmt.Sprint(mnt["name"]))
+		if dir == "" || got != NodeLibDir || mnt["readOnly"] != true || Get(vol, "hostPath", "type") != "Directory" {
+			t.Errorf("%v: LD_LIBRARY_PATH %q is not a read-only mount of the node's %s (%q, %v)", p.m, dir, NodeLibDir, got, mnt)
+		}
+		if got, mnt := hostMount(p.spec, p.c, path.Dir(cfg.Socket)); got != path.Dir(cfg.Socket) || mnt["readOnly"] != true {
+			t.Errorf("%v mounts %q at %s (%v)", p.m, got, path.Dir(cfg.Socket), mnt)
+		}
+		if env := Named(p.c["env"], "TAPROCE_SOCKET"); env == nil || env["value"] != cfg.Socket {
+			t.Errorf("%v: TAPROCE_SOCKET %v, the appliance listens on %s", p.m, env, cfg.Socket)
+		}
+		sc, _ := p.c["securityContext"].(map[string]any)
+		if sc["runAsNonRoot"] != true || sc["allowPrivilegeEscalation"] != false || !slices.Equal(Strings(Get(sc, "capabilities", "drop")), []string{"ALL"}) {
+			t.Errorf("%v: security context %v: an application needs no privileges", p.m, sc)
+		}
 	}
 }
 

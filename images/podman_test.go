@@ -2,13 +2,23 @@ package images
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/taproce/taproce/internal/ibvlib"
+	"github.com/taproce/taproce/internal/lab"
+	"github.com/taproce/taproce/internal/netnsutil"
+	"github.com/taproce/taproce/internal/testnet"
 )
 
 // TestPodmanBuild builds the image with podman from a clean clone of
@@ -71,4 +81,200 @@ func TestPodmanBuild(t *testing.T) {
 		t.Errorf("containers of the image left: %q (%v)", ps, err)
 	}
 	t.Logf("image built from a clean clone and %q printed in %v", want, time.Since(t0).Round(time.Second))
+}
+
+// podman runs podman with this machine's flags (scripts/image says why)
+// and returns its combined output.
+func podman(ctx context.Context, args ...string) (string, error) {
+	full := append([]string{"--runtime", "runc"}, args...)
+	out, err := exec.CommandContext(ctx, "podman", full...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("podman %s: %w\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+// podmanLimits are the explicit limits a container needs here.
+var podmanLimits = []string{"--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096"}
+
+// podContainer returns podman create's (or run's) arguments for a pod of
+// ibverbs-example.yaml on this machine: in the network namespace at
+// netns, as the pod's user without capabilities, read-only, with the
+// pod's environment and its hostPath mounts taken from the directories
+// hosts gives for the node's paths; then the image and the program's
+// command line, args replacing the manifest's when given.
+func podContainer(t *testing.T, p ibverbsPod, name, image, netns string, hosts map[string]string, args []string) []string {
+	t.Helper()
+	sc, _ := p.c["securityContext"].(map[string]any)
+	run := append([]string{"--name", name, "--network", "ns:" + netns,
+		"--user", fmt.Sprintf("%v:%v", sc["runAsUser"], sc["runAsGroup"]), "--cap-drop", "all",
+		"--security-opt", "no-new-privileges", "--read-only"}, podmanLimits...)
+	for _, e := range p.c["env"].([]any) {
+		env := e.(map[string]any)
+		run = append(run, "--env", fmt.Sprintf("%v=%v", env["name"], env["value"]))
+	}
+	for _, vm := range p.c["volumeMounts"].([]any) {
+		m := vm.(map[string]any)
+		hostPath, _ := Get(Named(p.spec["volumes"], m["name"].(string)), "hostPath", "path").(string)
+		dir, ok := hosts[hostPath]
+		if !ok {
+			t.Fatalf("%v mounts the node's %q, which this test does not stand in for", p.m, hostPath)
+		}
+		opt := ""
+		if m["readOnly"] == true {
+			opt = ":ro"
+		}
+		run = append(run, "--volume", dir+":"+m["mountPath"].(string)+opt)
+	}
+	cmd := p.cmd
+	if args != nil {
+		cmd = append(Strings(p.c["command"]), args...)
+	}
+	return append(append(run, image), cmd...)
+}
+
+// TestPodmanIbWriteBw runs ibverbs-example.yaml on this machine with
+// podman, as a node of the DaemonSet would run it: the taproce image's
+// entrypoint (-install-only) installs the image's libibverbs.so.1 into a
+// directory standing for the node's /opt/taproce/lib; a lab (two network
+// namespaces with a taproce port each, its appliance serving on a socket
+// in a directory standing for the node's /run/taproce) stands for the
+// node's appliance and the two pods' networks; the perftest image
+// (scripts/perftest-image: Debian bookworm, perftest unmodified) runs
+// the server and the client pods' command lines in containers joining
+// those namespaces, with the pods' environment, read-only mounts, user
+// and no capabilities — the client's Service name replaced by the server
+// namespace's address. Both must exit 0 and the client print perftest's
+// result row with a bandwidth. It needs root and TAPROCE_IMAGE_TEST=1
+// (scripts/image and scripts/perftest-image take minutes the first time).
+func TestPodmanIbWriteBw(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: podman runs the containers as root here, and the lab's namespaces need root")
+	}
+	if os.Getenv("TAPROCE_IMAGE_TEST") != "1" {
+		t.Skip("set TAPROCE_IMAGE_TEST=1 to build the images and run ib_write_bw in containers (scripts/image, scripts/perftest-image; takes minutes)")
+	}
+	const (
+		taproceImage  = "localhost/taproce:dev"
+		perftestImage = "localhost/taproce-perftest:bookworm"
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
+	defer cancel()
+	for _, script := range []string{"../scripts/image", "../scripts/perftest-image"} {
+		cmd := exec.CommandContext(ctx, script)
+		cmd.Env = append(os.Environ(), "PATH="+os.Getenv("PATH")+":/usr/local/go/bin")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", script, err, out)
+		}
+		t.Logf("%s: %s", script, lastLine(string(out)))
+	}
+	if out, err := podman(ctx, append(append([]string{"run", "--rm", "--network", "none"}, podmanLimits...), perftestImage, "true")...); err != nil {
+		t.Skipf("podman cannot run a container on this machine: %v\n%s", err, out)
+	}
+
+	// The node: the DaemonSet's entrypoint installs the library.
+	node := t.TempDir()
+	libDir, cniBin, run := filepath.Join(node, "opt/taproce/lib"), filepath.Join(node, "opt/cni/bin"), filepath.Join(node, "run/taproce")
+	for _, d := range []string{libDir, cniBin, run} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		// Bind-mounted for user 65534.
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	text, err := ConfigTOML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgFile := filepath.Join(node, "taproce.toml")
+	if err := os.WriteFile(cfgFile, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := podman(ctx, append(append([]string{"run", "--rm", "--network", "none"}, podmanLimits...),
+		"--volume", cfgFile+":/etc/taproce/taproce.toml:ro", "--volume", libDir+":"+entrypointLibDir, "--volume", cniBin+":/host/opt/cni/bin",
+		taproceImage, "-install-only", "-mode=none", "-config=/etc/taproce/taproce.toml")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ibvlib.Check(filepath.Join(libDir, ibvlib.Name)); err != nil {
+		t.Fatalf("the entrypoint did not install taproce's library: %v\n%s", err, out)
+	}
+
+	// The node's appliance and the pods' networks.
+	cfg := applianceConfig(t)
+	testnet.RequireRoot(t)
+	prefix := testnet.Name() + "-"
+	l, err := lab.Build(lab.Topology{Prefix: prefix, Hosts: 2, Offload: true, Socket: filepath.Join(run, filepath.Base(cfg.Socket)),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := l.Close(); err != nil {
+			t.Error(err)
+		}
+		if left, _ := netnsutil.List(prefix); len(left) > 0 {
+			t.Errorf("namespaces left: %v", left)
+		}
+	}()
+	if err := l.App.Control().Listen(); err != nil {
+		t.Fatal(err)
+	}
+	sctx, stop := context.WithCancel(ctx)
+	served := make(chan error, 1)
+	go func() { served <- l.App.Serve(sctx) }()
+	defer func() { stop(); <-served }()
+
+	hosts := map[string]string{path.Dir(cfg.Socket): run, NodeLibDir: libDir}
+	server, client := ibverbsPods(t)
+	srvHost, cliHost := l.Hosts[1], l.Hosts[0]
+	names := []string{testnet.Name() + "-server", testnet.Name() + "-client"}
+	defer func() {
+		for _, n := range names {
+			_, _ = podman(context.Background(), "rm", "--force", "--ignore", n)
+		}
+	}()
+	if _, err := podman(ctx, append([]string{"create"}, podContainer(t, server, names[0], perftestImage, netnsutil.Path(srvHost.Namespace), hosts, nil)...)...); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := podman(ctx, "start", names[0]); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		ok, err := netnsutil.Listening(netnsutil.Path(srvHost.Namespace), 18515)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			logs, _ := podman(ctx, "logs", names[0])
+			t.Fatalf("the server never listened:\n%s", logs)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	args := slices.Clone(Strings(client.c["args"]))
+	args[len(args)-1] = srvHost.KernelAddrs[0].Addr().String()
+	cliOut, cerr := podman(ctx, append([]string{"run"}, podContainer(t, client, names[1], perftestImage, netnsutil.Path(cliHost.Namespace), hosts, args)...)...)
+	code, werr := podman(ctx, "wait", names[0])
+	srvOut, _ := podman(ctx, "logs", names[0])
+	if cerr != nil || werr != nil || strings.TrimSpace(code) != "0" {
+		t.Fatalf("client: %v\n%s\nserver (exit %q, %v):\n%s", cerr, cliOut, strings.TrimSpace(code), werr, srvOut)
+	}
+	row := regexp.MustCompile(`(?m)^\s*65536\s+(\d+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s*$`).FindStringSubmatch(cliOut)
+	if row == nil || !strings.Contains(cliOut, "BW average[Gb/sec]") || row[3] == "0.00" {
+		t.Fatalf("no result row with a bandwidth:\n%s", cliOut)
+	}
+	t.Logf("Debian's ib_write_bw in two containers on the image's libibverbs.so.1:\n%s", cliOut)
+}
+
+// lastLine returns the last non-empty line of s.
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
 }

@@ -49,12 +49,23 @@ type Entry struct {
 	PortName    string `json:"portName,omitempty"`
 }
 
+// LibName is the file name of taproce's libibverbs.so.1 on the node: the
+// soname unmodified ibverbs programs load.
+const LibName = "libibverbs.so.1"
+
 // Installer puts taproce-cni and its network configuration onto the node,
-// whose directories are mounted into the container.
+// whose directories are mounted into the container, and with them
+// taproce's libibverbs.so.1, which pods mount from the node to run
+// unmodified ibverbs programs.
 //
 // Every change is atomic (a new file in the same directory, synced, then
 // renamed over the old one), so a runtime never reads half a file, and
-// idempotent: what is already as it should be is not rewritten.
+// idempotent: what is already as it should be is not rewritten. For the
+// library this is what keeps running programs alive: a program has the
+// installed file mapped, and writing a new one into it in place would
+// change the code under it; a rename leaves it the old file, which
+// lives on until it exits, and gives programs started after it the new
+// one.
 type Installer struct {
 	// BinDir is the node's CNI binary directory (/host/opt/cni/bin).
 	BinDir string
@@ -69,12 +80,24 @@ type Installer struct {
 	Conflist string
 	// Entry is what ModePrimary adds to the primary conflist's plugins.
 	Entry Entry
+	// Lib is taproce's libibverbs.so.1 to install into LibDir (the
+	// image's /usr/lib/taproce/libibverbs.so.1); "" installs none.
+	Lib string
+	// LibDir is the node's directory for the library
+	// (/host/opt/taproce/lib), which pods mount and name in
+	// LD_LIBRARY_PATH.
+	LibDir string
 	// Logger reports each change; nil for slog.Default().
 	Logger *slog.Logger
 }
 
 // Result says what an Install or Uninstall changed.
 type Result struct {
+	// Lib is the installed library's path, "" when there is none to
+	// install; LibChanged whether it was written (or, for Uninstall,
+	// removed).
+	Lib        string
+	LibChanged bool
 	// Binary is the installed plugin's path; BinaryChanged whether it
 	// was written (or, for Uninstall, removed).
 	Binary        string
@@ -93,14 +116,28 @@ func (in *Installer) log() *slog.Logger {
 	return slog.Default()
 }
 
-// Install copies the plugin into BinDir and then, as Mode says, chains it
-// into the primary configuration or installs Conflist. The binary comes
-// first, so that no configuration names a plugin the node lacks. With
-// ModePrimary and no configuration yet, it returns an error wrapping
-// ErrNoPrimary after installing the binary; calling it again later
-// finishes the job.
+// Install copies the library into LibDir and the plugin into BinDir and
+// then, as Mode says, chains the plugin into the primary configuration or
+// installs Conflist. The library and the binary come first, so that no
+// configuration names a plugin the node lacks and no pod gets a port
+// before the library its programs load is there. With ModePrimary and no
+// configuration yet, it returns an error wrapping ErrNoPrimary after
+// installing the files; calling it again later finishes the job.
 func (in *Installer) Install() (Result, error) {
 	var res Result
+	if in.Lib != "" {
+		lib, err := os.ReadFile(in.Lib)
+		if err != nil {
+			return res, fmt.Errorf("install: reading the library: %w", err)
+		}
+		res.Lib = filepath.Join(in.LibDir, LibName)
+		if res.LibChanged, err = writeIfChanged(res.Lib, lib, 0o644); err != nil {
+			return res, fmt.Errorf("install: %w", err)
+		}
+		if res.LibChanged {
+			in.log().Info("libibverbs.so.1 installed", "path", res.Lib, "bytes", len(lib))
+		}
+	}
 	data, err := os.ReadFile(in.Plugin)
 	if err != nil {
 		return res, fmt.Errorf("install: reading the plugin: %w", err)
@@ -307,8 +344,9 @@ func sameJSON(a, b []byte) bool {
 
 // Uninstall undoes Install: it takes taproce-cni out of every conflist of
 // ConfDir (a conflist ModeFile installed is removed whole) and removes
-// the binary. A conflist Install made from a single plugin's .conf stays
-// a conflist, with that plugin alone.
+// the binary and the library (programs running on it keep the file they
+// have mapped). A conflist Install made from a single plugin's .conf
+// stays a conflist, with that plugin alone.
 func (in *Installer) Uninstall() (Result, error) {
 	var res Result
 	var errs []error
@@ -339,6 +377,15 @@ func (in *Installer) Uninstall() (Result, error) {
 		in.log().Info("CNI plugin removed", "path", res.Binary)
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, err)
+	}
+	if in.LibDir != "" {
+		res.Lib = filepath.Join(in.LibDir, LibName)
+		if err := os.Remove(res.Lib); err == nil {
+			res.LibChanged = true
+			in.log().Info("libibverbs.so.1 removed", "path", res.Lib)
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return res, fmt.Errorf("uninstall: %w", err)

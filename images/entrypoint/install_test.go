@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -29,17 +30,20 @@ const bridgeConflist = `{
 `
 
 // host lays out a temporary directory as the DaemonSet mounts the node:
-// host/opt/cni/bin, host/etc/cni/net.d; and a plugin binary to install.
+// host/opt/cni/bin, host/etc/cni/net.d, host/opt/taproce/lib (not made:
+// the installer makes it); and a plugin binary and a library to install.
 type host struct {
 	root, bin, conf, plugin string
+	lib, libDir             string
 }
 
 func newHost(t *testing.T) host {
 	t.Helper()
 	root := t.TempDir()
 	h := host{root: root, bin: filepath.Join(root, "host/opt/cni/bin"), conf: filepath.Join(root, "host/etc/cni/net.d"),
-		plugin: filepath.Join(root, "image/taproce-cni")}
-	for _, d := range []string{h.bin, h.conf, filepath.Dir(h.plugin)} {
+		plugin: filepath.Join(root, "image/taproce-cni"),
+		lib:    filepath.Join(root, "image/usr/lib/taproce/libibverbs.so.1"), libDir: filepath.Join(root, "host/opt/taproce/lib")}
+	for _, d := range []string{h.bin, h.conf, filepath.Dir(h.plugin), filepath.Dir(h.lib)} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -47,11 +51,12 @@ func newHost(t *testing.T) host {
 	// Something the node already has, which must stay as it is.
 	write(t, filepath.Join(h.bin, "bridge"), "\x7fELF bridge", 0o755)
 	write(t, h.plugin, "\x7fELF taproce-cni v1", 0o755)
+	write(t, h.lib, "\x7fELF libibverbs v1", 0o644)
 	return h
 }
 
 func (h host) installer(mode string) *Installer {
-	return &Installer{BinDir: h.bin, ConfDir: h.conf, Plugin: h.plugin, Mode: mode,
+	return &Installer{BinDir: h.bin, ConfDir: h.conf, Plugin: h.plugin, Mode: mode, Lib: h.lib, LibDir: h.libDir,
 		Entry: Entry{AdminSocket: "/run/taproce/admin.sock"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 }
 
@@ -428,5 +433,94 @@ func TestWriteAtomicFailure(t *testing.T) {
 	}
 	if !bytes.Equal([]byte(read(t, path)), []byte("old")) {
 		t.Fatal("content changed")
+	}
+}
+
+// TestInstallLibrary: the library lands in the node's library directory
+// (made if missing) with the image's bytes, readable by all; a second
+// run leaves the very file; a new library replaces it by a rename, so
+// that a program that has the old one mapped goes on with the old bytes
+// (written in place, they would change under it); Uninstall removes it.
+// Every mode installs it.
+func TestInstallLibrary(t *testing.T) {
+	for _, mode := range []string{ModePrimary, ModeNone} {
+		t.Run(mode, func(t *testing.T) {
+			h := newHost(t)
+			write(t, filepath.Join(h.conf, "10-bridge.conflist"), bridgeConflist, 0o644)
+			in := h.installer(mode)
+			res, err := in.Install()
+			installed := filepath.Join(h.libDir, LibName)
+			if err != nil || res.Lib != installed || !res.LibChanged {
+				t.Fatalf("%+v, %v", res, err)
+			}
+			if got := read(t, installed); got != "\x7fELF libibverbs v1" {
+				t.Fatalf("installed library %q", got)
+			}
+			fi := stat(t, installed)
+			if fi.Mode().Perm() != 0o644 || !fi.Mode().IsRegular() {
+				t.Fatalf("installed library mode %v", fi.Mode())
+			}
+			if res, err := in.Install(); err != nil || res.LibChanged || !os.SameFile(fi, stat(t, installed)) {
+				t.Fatalf("again: %+v, %v: rewritten", res, err)
+			}
+
+			// A program has the library mapped while a new one comes.
+			f, err := os.Open(installed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			mapped, err := syscall.Mmap(int(f.Fd()), 0, int(fi.Size()), syscall.PROT_READ, syscall.MAP_SHARED)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer syscall.Munmap(mapped)
+			write(t, h.lib, "\x7fELF libibverbs v2, longer", 0o644)
+			if res, err := in.Install(); err != nil || !res.LibChanged {
+				t.Fatalf("new library: %+v, %v", res, err)
+			}
+			if got := read(t, installed); got != "\x7fELF libibverbs v2, longer" {
+				t.Fatalf("installed library %q after the update", got)
+			}
+			if string(mapped) != "\x7fELF libibverbs v1" {
+				t.Fatalf("the running program's mapping changed to %q: the library was written in place", mapped)
+			}
+			noTemporaries(t, h.libDir)
+
+			res, err = in.Uninstall()
+			if err != nil || !res.LibChanged || res.Lib != installed {
+				t.Fatalf("uninstall: %+v, %v", res, err)
+			}
+			if _, err := os.Stat(installed); !errors.Is(err, os.ErrNotExist) {
+				t.Fatal("library left")
+			}
+			if res, err := in.Uninstall(); err != nil || res.LibChanged {
+				t.Fatalf("second uninstall: %+v, %v", res, err)
+			}
+		})
+	}
+}
+
+// TestInstallLibraryMissing: an image without the library is an error
+// before anything is installed; with no library asked for (-lib=), the
+// plugin is installed alone.
+func TestInstallLibraryMissing(t *testing.T) {
+	h := newHost(t)
+	write(t, filepath.Join(h.conf, "10-bridge.conflist"), bridgeConflist, 0o644)
+	in := h.installer(ModePrimary)
+	in.Lib = filepath.Join(h.root, "image/none/libibverbs.so.1")
+	if res, err := in.Install(); err == nil || !strings.Contains(err.Error(), "reading the library") || res.BinaryChanged || res.ConfChanged {
+		t.Fatalf("%+v, %v", res, err)
+	}
+	if _, err := os.Stat(filepath.Join(h.bin, PluginType)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatal("the plugin was installed without the library")
+	}
+	in.Lib = ""
+	res, err := in.Install()
+	if err != nil || res.Lib != "" || res.LibChanged || !res.BinaryChanged {
+		t.Fatalf("no library: %+v, %v", res, err)
+	}
+	if _, err := os.Stat(h.libDir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatal("a library directory was made for no library")
 	}
 }

@@ -132,7 +132,9 @@ func TestSupervise(t *testing.T) {
 	os.MkdirAll(filepath.Dir(sock), 0o755)
 	cfgPath := filepath.Join(h.root, "taproce.toml")
 	write(t, cfgPath, fmt.Sprintf("admin_socket = %q\nsocket = %q\n", sock, filepath.Join(h.root, "run/taproce.sock")), 0o644)
-	args := []string{"-plugin", h.plugin, "-cni-bin-dir", h.bin, "-cni-conf-dir", h.conf, "-config", cfgPath, "-resync", "100ms"}
+	args := []string{"-plugin", h.plugin, "-cni-bin-dir", h.bin, "-cni-conf-dir", h.conf, "-lib", h.lib, "-lib-dir", h.libDir,
+		"-config", cfgPath, "-resync", "100ms"}
+	lib := filepath.Join(h.libDir, LibName)
 
 	t.Run("SIGTERM", func(t *testing.T) {
 		cmd, out := entrypoint(t, []string{"FAKE_APPLIANCE_DELAY=300ms"}, append(args, "-uninstall-on-exit", "--", "--log-level", "debug")...)
@@ -144,6 +146,9 @@ func TestSupervise(t *testing.T) {
 		waitFor(t, "chained entry", out, func() bool { return strings.Contains(read(t, primary), sock) })
 		if _, err := os.Stat(filepath.Join(h.bin, PluginType)); err != nil {
 			t.Fatal(err)
+		}
+		if read(t, lib) != read(t, h.lib) {
+			t.Fatal("the library on the node is not the image's")
 		}
 		// The cluster's plugin rewrites its file: the entry comes back.
 		write(t, primary, bridgeConflist, 0o644)
@@ -162,6 +167,9 @@ func TestSupervise(t *testing.T) {
 		}
 		if _, err := os.Stat(filepath.Join(h.bin, PluginType)); err == nil {
 			t.Fatal("-uninstall-on-exit left the binary")
+		}
+		if _, err := os.Stat(lib); err == nil {
+			t.Fatal("-uninstall-on-exit left the library")
 		}
 	})
 
@@ -194,7 +202,7 @@ func TestSupervise(t *testing.T) {
 
 	t.Run("install only", func(t *testing.T) {
 		cmd, out := entrypoint(t, nil, append(args, "-install-only")...)
-		if code := exitCode(t, cmd, out); code != 0 || !strings.Contains(read(t, primary), sock) {
+		if code := exitCode(t, cmd, out); code != 0 || !strings.Contains(read(t, primary), sock) || read(t, lib) != read(t, h.lib) {
 			t.Fatalf("exit status %d; output:\n%s", code, out)
 		}
 	})

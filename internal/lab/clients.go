@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -42,8 +43,14 @@ type client struct {
 // startClient runs `binary args...` in host h's namespace with the lab's
 // socket.
 func (l *Lab) startClient(ctx context.Context, binary string, h *Host, args ...string) (*client, error) {
+	return l.startClientEnv(ctx, append(os.Environ(), "TAPROCE_SOCKET="+l.Socket), binary, h, args...)
+}
+
+// startClientEnv runs `binary args...` in host h's namespace with the
+// environment env.
+func (l *Lab) startClientEnv(ctx context.Context, env []string, binary string, h *Host, args ...string) (*client, error) {
 	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", h.Namespace, binary}, args...)...)
-	cmd.Env = append(os.Environ(), "TAPROCE_SOCKET="+l.Socket)
+	cmd.Env = env
 	c, err := runClient(cmd, l.clientCPUs)
 	if err != nil {
 		return nil, fmt.Errorf("lab: %s %s: %w", binary, strings.Join(args, " "), err)
@@ -157,7 +164,12 @@ const serverStart = 20 * time.Second
 // listens, a client in host a that connects to b's kernel address; it
 // returns both outputs. A server whose client failed is stopped at once.
 func (l *Lab) pair(ctx context.Context, binary string, a, b *Host, server, clientArgs []string, port int, timeout time.Duration) (srvOut, cliOut string, err error) {
-	srv, err := l.startClient(ctx, binary, b, server...)
+	return l.pairEnv(ctx, append(os.Environ(), "TAPROCE_SOCKET="+l.Socket), binary, a, b, server, clientArgs, port, timeout)
+}
+
+// pairEnv is pair with the environment env for both processes.
+func (l *Lab) pairEnv(ctx context.Context, env []string, binary string, a, b *Host, server, clientArgs []string, port int, timeout time.Duration) (srvOut, cliOut string, err error) {
+	srv, err := l.startClientEnv(ctx, env, binary, b, server...)
 	if err != nil {
 		return "", "", err
 	}
@@ -165,7 +177,7 @@ func (l *Lab) pair(ctx context.Context, binary string, a, b *Host, server, clien
 		_ = srv.wait(time.Millisecond)
 		return srv.output(), "", fmt.Errorf("server did not start: %w: %s", err, lastLine(srv.output()))
 	}
-	cli, err := l.startClient(ctx, binary, a, append(clientArgs, b.KernelAddrs[0].Addr().String())...)
+	cli, err := l.startClientEnv(ctx, env, binary, a, append(clientArgs, b.KernelAddrs[0].Addr().String())...)
 	if err != nil {
 		_ = srv.wait(time.Millisecond)
 		return srv.output(), "", err
@@ -331,10 +343,12 @@ func (l *Lab) appPlace() (restore func(), err error) {
 
 // serveClients serves the lab's appliance on its control socket while the
 // client processes run the verbs checks and the perf runs (binary "-":
-// none), on the processors the appliance takes, and keeps serving until
-// stop is called, so that a lab left up (--keep) takes clients of its
-// own. The placement ends with the runs.
-func (l *Lab) serveClients(ctx context.Context, binary string) (steps []Step, stop func()) {
+// none), then Debian's programs on taproce's libibverbs.so.1 (found as
+// findLibrary says, libDir naming its directory), on the processors the
+// appliance takes, and keeps serving until stop is called, so that a lab
+// left up (--keep) takes clients of its own. The placement ends with the
+// runs.
+func (l *Lab) serveClients(ctx context.Context, binary, libDir string) (steps []Step, stop func()) {
 	stop = func() {}
 	if binary == "" {
 		var err error
@@ -358,10 +372,14 @@ func (l *Lab) serveClients(ctx context.Context, binary string) (steps []Step, st
 	}
 	defer restore()
 	steps = verbsSteps(ctx, l, binary)
+	lib, s := findLibrary(ctx, libDir, binary)
+	l.lib = lib
+	steps = append(steps, s, l.debianPingpong(ctx, lib))
 	l.perfConf = l.currentConfig()
 	ps, rows := perfSteps(ctx, l, binary)
-	l.perf = rows
-	return append(steps, ps...), stop
+	ds, drows := l.debianPerfSteps(ctx, lib)
+	l.perf = withDebian(rows, drows)
+	return append(append(steps, ps...), ds...), stop
 }
 
 // perfConfig is the configuration the lab's perf runs ran in. The perf
@@ -450,7 +468,12 @@ type perfRun struct {
 
 // perfRow is what the lab's perftest-style table shows of a run.
 type perfRow struct {
-	run    perfRun
+	run perfRun
+	// like, for a row of one of Debian's perftest programs, is the
+	// taproce perf test it runs like; notRun says that it could not run
+	// here (detail says why).
+	like   string
+	notRun bool
 	ok     bool
 	bw     float64 // MB/sec (2^20 bytes), bandwidth tests
 	rate   float64 // Mpps
@@ -546,12 +569,20 @@ func printPerf(w io.Writer, rows []perfRow, tcp float64, conf perfConfig) {
 	}
 	const rule = "---------------------------------------------------------------------------------------"
 	fmt.Fprintln(w, "\n"+rule)
-	fmt.Fprintln(w, " taproce perf between the lab's client processes (perftest's columns; 1 MB = 2^20 bytes)")
+	title := " taproce perf between the lab's client processes (perftest's columns; 1 MB = 2^20 bytes)"
+	if slices.ContainsFunc(rows, func(r perfRow) bool { return r.like != "" }) {
+		title = " taproce perf, and Debian's perftest (ib_*) on taproce's libibverbs, between the lab's\n client processes (perftest's columns; 1 MB = 2^20 bytes)"
+	}
+	fmt.Fprintln(w, title)
 	fmt.Fprintln(w, wrap("at "+conf.String(), len(rule)))
 	fmt.Fprintln(w, rule)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, " test\t#bytes\t#iterations\tBW average[MB/sec]\tMsgRate[Mpps]\tt_typical[usec]\t")
 	for _, r := range rows {
+		if r.notRun {
+			fmt.Fprintf(tw, " %s\t%d\t%d\tnot run\t\t\t\n", r.run.test, r.run.size, r.run.iters)
+			continue
+		}
 		if !r.ok {
 			fmt.Fprintf(tw, " %s\t%d\t%d\tFAILED\t\t\t\n", r.run.test, r.run.size, r.run.iters)
 			continue
@@ -567,9 +598,29 @@ func printPerf(w io.Writer, rows []perfRow, tcp float64, conf perfConfig) {
 	}
 	tw.Flush()
 	fmt.Fprintln(w, rule)
-	for _, n := range conf.notes() {
+	for _, n := range append(debianNotes(rows), conf.notes()...) {
 		fmt.Fprintln(w, wrap(n, len(rule)))
 	}
+}
+
+// debianNotes says what the rows of Debian's programs are, and why those
+// that did not run did not.
+func debianNotes(rows []perfRow) []string {
+	var ran []string
+	var notes []string
+	for _, r := range rows {
+		switch {
+		case r.like == "":
+		case r.notRun:
+			notes = append(notes, r.run.test+": "+r.detail+".")
+		default:
+			ran = append(ran, fmt.Sprintf("%s (as %s)", r.run.test, r.like))
+		}
+	}
+	if len(ran) > 0 {
+		notes = append([]string{"Debian's " + strings.Join(ran, ", ") + " ran unmodified on taproce's libibverbs.so.1, each in the row after the taproce perf test of the same size and iterations."}, notes...)
+	}
+	return notes
 }
 
 // wrap breaks s into lines of at most width characters at spaces, each

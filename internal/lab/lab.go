@@ -113,6 +113,9 @@ type Lab struct {
 	namespaces []string
 	perf       []perfRow  // the perf runs of the client steps
 	perfConf   perfConfig // the configuration they ran in
+	// lib is the libibverbs.so.1 the client steps ran Debian's programs
+	// on, which a kept lab tells its user of.
+	lib library
 	// clientCPUs is where client processes run: the processors CPUs
 	// leaves (nil: anywhere).
 	clientCPUs *cpulist.Set

@@ -198,14 +198,28 @@ func TestLabRun(t *testing.T) {
 
 // TestLabSuperFrames runs the exchange over offloaded TAPs without
 // impairment, so every batch goes out as UDP GSO super-frames, and checks
-// that every packet arrives intact.
+// that every packet arrives intact. It names a directory without
+// taproce's libibverbs.so.1 (--libdir): Debian's programs are then not
+// run, each row says so, and the lab passes all the same.
 func TestLabSuperFrames(t *testing.T) {
 	p := prefix(t)
 	var out strings.Builder
 	steps, err := Run(context.Background(), Options{Prefix: p, Hosts: 2, Offload: true, Frames: 5000, RDMA: 64 << 20, Out: &out,
-		Binary: taproceBinary(t), Socket: filepath.Join(t.TempDir(), "lab.sock")})
+		Binary: taproceBinary(t), Socket: filepath.Join(t.TempDir(), "lab.sock"), LibDir: t.TempDir()})
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
+	}
+	skipped := 0
+	for _, s := range steps {
+		if strings.Contains(s.Name, "Debian's") {
+			if !s.Skipped || !s.OK || !strings.HasPrefix(s.Detail, "not run: ") {
+				t.Errorf("%s: %+v", s.Name, s)
+			}
+			skipped++
+		}
+	}
+	if skipped != 4 || !regexp.MustCompile(`ib_write_bw\s+65536\s+2000\s+not run`).MatchString(out.String()) {
+		t.Errorf("%d skipped steps of Debian's programs, or no row saying so:\n%s", skipped, out.String())
 	}
 	if !strings.Contains(out.String(), "super-frames true") {
 		t.Skipf("the kernel refused USO offloads:\n%s", out.String())
@@ -389,7 +403,7 @@ func TestLabKeepServes(t *testing.T) {
 			t.Fatalf("the lab never came up:\n%s", out.String())
 		}
 	}
-	var perfCmds []string
+	var perfCmds, ibCmds []string
 	sawSocket, sawDown := false, false
 	for line := range lines { // the lines after "stays up" come at once
 		out.WriteString(line + "\n")
@@ -397,6 +411,9 @@ func TestLabKeepServes(t *testing.T) {
 		sawDown = sawDown || strings.TrimSpace(line) == bin+" lab down"
 		if cmd, ok := strings.CutPrefix(line, "  ip netns exec "); ok && strings.Contains(cmd, bin+" perf write_bw") {
 			perfCmds = append(perfCmds, strings.TrimSpace(line))
+		}
+		if cmd, ok := strings.CutPrefix(line, "  ip netns exec "); ok && strings.Contains(cmd, "LD_LIBRARY_PATH=") && strings.Contains(cmd, " ib_write_bw ") {
+			ibCmds = append(ibCmds, strings.TrimSpace(line))
 		}
 		if strings.Contains(line, "out-of-band exchange") {
 			break
@@ -413,23 +430,34 @@ func TestLabKeepServes(t *testing.T) {
 			t.Errorf("taproce devices in %s: %v\n%s\nwant %s listed", ns, err, got, want)
 		}
 	}
-	if len(perfCmds) == 2 {
-		// The perf server and client, run as printed, by a shell.
-		srv, err := runClient(exec.Command("sh", "-c", perfCmds[0]), nil)
+	// The perf server and client, run as printed, by a shell; then, where
+	// the lab ran Debian's programs, ib_write_bw's as printed.
+	runPrinted := func(cmds []string) {
+		srv, err := runClient(exec.Command("sh", "-c", cmds[0]), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if err := srv.waitListen(p+"1", exchangePort, serverStart); err != nil {
 			_ = srv.wait(time.Millisecond)
-			t.Fatalf("%s: %v\n%s", perfCmds[0], err, srv.output())
+			t.Fatalf("%s: %v\n%s", cmds[0], err, srv.output())
 		}
-		got, err := exec.Command("sh", "-c", perfCmds[1]).CombinedOutput()
+		got, err := exec.Command("sh", "-c", cmds[1]).CombinedOutput()
 		if err != nil || !strings.Contains(string(got), "BW average") {
-			t.Errorf("%s: %v\n%s", perfCmds[1], err, got)
+			t.Errorf("%s: %v\n%s", cmds[1], err, got)
 		}
 		if err := srv.wait(time.Minute); err != nil {
-			t.Errorf("%s: %v\n%s", perfCmds[0], err, srv.output())
+			t.Errorf("%s: %v\n%s", cmds[0], err, srv.output())
 		}
+	}
+	if len(perfCmds) == 2 {
+		runPrinted(perfCmds)
+	}
+	ranDebian := strings.Contains(out.String(), "Debian's RDMA programs run on it")
+	if ranDebian != (len(ibCmds) == 2) {
+		t.Errorf("ib_write_bw commands %q:\n%s", ibCmds, out.String())
+	} else if ranDebian {
+		runPrinted(ibCmds)
+		t.Logf("ran as printed: %q", ibCmds)
 	}
 	cancel()
 	go func() {

@@ -60,14 +60,22 @@ type Options struct {
 	// Binary is the taproce executable the client processes run (default:
 	// this process's own); "-" skips the client steps.
 	Binary string
+	// LibDir is the directory of taproce's libibverbs.so.1, on which the
+	// client steps run Debian's RDMA programs ("": found as `taproce exec`
+	// finds it, see findLibrary).
+	LibDir string
 }
 
 // Step is one line of the result table.
 type Step struct {
-	Name   string
-	OK     bool
-	Detail string
-	Took   time.Duration
+	Name string
+	OK   bool
+	// Skipped: the step did not run for want of something this machine
+	// lacks (a program, a library), which Detail names. It is no failure
+	// (OK is true): the lab works without it.
+	Skipped bool
+	Detail  string
+	Took    time.Duration
 }
 
 // PIDFile records the process of a lab kept up with --keep.
@@ -147,7 +155,7 @@ func Run(ctx context.Context, o Options) ([]Step, error) {
 		steps = append(steps, rdmaSteps(ctx, l, o.RDMA)...)
 	}
 	if o.Binary != "-" || o.Keep {
-		more, stop := l.serveClients(ctx, o.Binary)
+		more, stop := l.serveClients(ctx, o.Binary, o.LibDir)
 		steps = append(steps, more...)
 		if o.Keep {
 			defer stop()
@@ -409,8 +417,11 @@ func printSteps(w io.Writer, steps []Step) {
 	fmt.Fprintln(tw, "STEP\tRESULT\tTIME\tDETAIL")
 	for _, s := range steps {
 		r := "ok"
-		if !s.OK {
+		switch {
+		case !s.OK:
 			r = "FAIL"
+		case s.Skipped:
+			r = "skip"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%v\t%s\n", s.Name, r, s.Took.Round(time.Millisecond), s.Detail)
 	}
@@ -444,6 +455,11 @@ func keepMessage(w io.Writer, l *Lab, binary string) {
 	fmt.Fprintf(w, "\nThe lab stays up until this process ends: Ctrl-C here, or in a second terminal\n  %s lab down\n", binary)
 	fmt.Fprintf(w, "Try it from a second terminal (as root): a perf server in %s,\n  %s %s perf write_bw\n", srv.Namespace, env(srv), binary)
 	fmt.Fprintf(w, "then, from a third, its client in %s:\n  %s %s perf write_bw %v\n", cli.Namespace, env(cli), binary, srv.KernelAddrs[0].Addr())
+	if l.lib.ok() && l.lib.found.Dir != "" {
+		lenv := func(h *Host) string { return env(h) + " LD_LIBRARY_PATH=" + l.lib.found.Dir }
+		fmt.Fprintf(w, "Debian's RDMA programs run on it through taproce's libibverbs.so.1: ib_write_bw's server and client,\n  %s ib_write_bw -d %s -x 1\n  %s ib_write_bw -d %s -x 1 %v\n",
+			lenv(srv), srv.Device, lenv(cli), cli.Device, srv.KernelAddrs[0].Addr())
+	}
 	fmt.Fprintln(w, "A shell in a host, whose verbs clients (the same binary) use that host's port:")
 	for _, h := range l.Hosts {
 		fmt.Fprintf(w, "  %s bash    # port %v %v MAC %v, kernel %v\n", env(h), h.PortIPv4(), h.PortIPv6(), h.Port.MAC(), h.KernelAddrs[0].Addr())
