@@ -8,6 +8,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/taproce/taproce/internal/ibvlib"
 	"github.com/taproce/taproce/internal/runon"
 	"github.com/taproce/taproce/verbs"
 )
@@ -23,7 +24,7 @@ const execTimeout = 10 * time.Second
 func runExec(args []string, _, stderr io.Writer) int {
 	fs := flag.NewFlagSet("exec", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	lib := fs.String("lib", "", "the `DIR`ectory of taproce's libibverbs.so.1 (default: $"+runon.LibDirEnv+
+	lib := fs.String("lib", "", "the `DIR`ectory of taproce's libibverbs.so.1 (default: $"+ibvlib.EnvDir+
 		", then ../lib/taproce beside this binary, /usr/local/lib/taproce, /usr/lib/taproce)")
 	socket := fs.String("socket", verbs.Socket(), "the appliance's control socket `PATH` ($TAPROCE_SOCKET)")
 	noSysfs := fs.Bool("no-sysfs", false, "leave the program the machine's own /sys/class and /dev (see above)")

@@ -45,7 +45,7 @@ func newLabFlags(stderr io.Writer) *labFlags {
 	f.poll = fs.String("poll", "adaptive", `how the appliance waits for its clients' posts: "block", "spin" or "adaptive"`)
 	fs.IntVar(&o.Procs, "procs", 0, "processors the appliance runs on while clients use it, as the config's procs (0: as --poll chooses: for spin half of them, two where there are two or three; all otherwise)")
 	fs.StringVar(&o.CPUs, "cpus", "", `processors the appliance runs on while clients use it, as the config's cpus ("1", "2-3"); the client processes run on the others (default: all, for both)`)
-	fs.StringVar(&o.LibDir, "libdir", "", "directory of taproce's libibverbs.so.1, on which the lab runs Debian's ibv_rc_pingpong, ib_write_bw and ib_send_lat (default: $TAPROCE_LIBDIR, else ../lib/taproce beside taproce, /usr/local/lib/taproce, /usr/lib/taproce, else built with make in the source checkout the lab runs in)")
+	fs.StringVar(&o.LibDir, "lib", "", "directory of taproce's libibverbs.so.1, on which the lab runs Debian's ibv_rc_pingpong, ib_write_bw and ib_send_lat (default: $TAPROCE_LIBDIR, else ../lib/taproce beside taproce, /usr/local/lib/taproce, /usr/lib/taproce, else built with make in the source checkout the lab runs in)")
 	f.rdmaMiB = fs.Int("rdma-mib", 64, "MiB moved by RDMA WRITE and read back by RDMA READ between the first two hosts (0: skip)")
 	f.verbose = fs.Bool("v", false, "log port events")
 	fs.Usage = func() {

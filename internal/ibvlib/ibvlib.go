@@ -56,7 +56,7 @@ var ErrNoToolchain = errors.New("no C toolchain or libibverbs-dev headers to bui
 type Found struct {
 	// Dir holds Name: what LD_LIBRARY_PATH names.
 	Dir string
-	// From says why Dir was looked in: "--libdir", "$TAPROCE_LIBDIR",
+	// From says why Dir was looked in: "--lib", "$TAPROCE_LIBDIR",
 	// "beside /usr/bin/taproce", "installed", "built in CHECKOUT".
 	From string
 }
@@ -70,13 +70,13 @@ func (f Found) String() string { return fmt.Sprintf("%s (%s)", f.Path(), f.From)
 // place is a directory Find looks in and why.
 type place struct{ dir, from string }
 
-// places returns where Find looks, in order: dir alone ("--libdir") or
+// places returns where Find looks, in order: dir alone ("--lib") or
 // env alone ($TAPROCE_LIBDIR) when given, otherwise beside exe and the
 // system directories.
 func places(dir, env, exe string) []place {
 	switch {
 	case dir != "":
-		return []place{{dir, "--libdir"}}
+		return []place{{dir, "--lib"}}
 	case env != "":
 		return []place{{env, "$" + EnvDir}}
 	}

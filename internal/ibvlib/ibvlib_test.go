@@ -90,7 +90,7 @@ func TestFindOrder(t *testing.T) {
 		{local, "", "", local, "installed"},
 		{beside, "", "", beside, "beside " + exe},
 		{envDir, "", envDir, envDir, "$TAPROCE_LIBDIR"},
-		{flagDir, flagDir, envDir, flagDir, "--libdir"},
+		{flagDir, flagDir, envDir, flagDir, "--lib"},
 	} {
 		install(t, lib, c.install)
 		f, err := find(c.dir, c.env)
@@ -100,7 +100,7 @@ func TestFindOrder(t *testing.T) {
 	}
 	// A named directory without the library is not passed over for
 	// another that has one.
-	for _, c := range []struct{ dir, env, from string }{{filepath.Join(root, "empty"), "", "--libdir"}, {"", filepath.Join(root, "empty"), "$TAPROCE_LIBDIR"}} {
+	for _, c := range []struct{ dir, env, from string }{{filepath.Join(root, "empty"), "", "--lib"}, {"", filepath.Join(root, "empty"), "$TAPROCE_LIBDIR"}} {
 		if f, err := find(c.dir, c.env); !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), c.from) {
 			t.Errorf("an empty %s: %+v, %v", c.from, f, err)
 		}

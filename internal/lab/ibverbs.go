@@ -67,7 +67,7 @@ func (lib library) env(socket string) []string {
 }
 
 // findLibrary looks for taproce's libibverbs.so.1 as `taproce exec` does
-// (dir, the --libdir flag; $TAPROCE_LIBDIR; beside binary; installed)
+// (dir, the --lib flag; $TAPROCE_LIBDIR; beside binary; installed)
 // and, where none is found and nothing names a directory, builds it with
 // make in the source checkout the lab runs in, if it runs in one. A
 // missing library (or toolchain to build one) is a skipped step; a file
@@ -103,7 +103,7 @@ func findLibrary(ctx context.Context, dir, binary string) (library, Step) {
 		s.OK, s.Skipped = true, true
 		s.Detail = "not run: " + err.Error()
 		if !named {
-			s.Detail += " (--libdir or " + ibvlib.EnvDir + " names one; make -C verbs/libibverbs in a checkout builds one)"
+			s.Detail += " (--lib or " + ibvlib.EnvDir + " names one; make -C verbs/libibverbs in a checkout builds one)"
 		}
 	default:
 		lib.why, lib.fail = "no usable taproce libibverbs.so.1", true

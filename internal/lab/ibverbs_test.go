@@ -142,8 +142,8 @@ func fakeLab() *Lab {
 func TestDebianNotRun(t *testing.T) {
 	ctx := context.Background()
 	lib, s := findLibrary(ctx, t.TempDir(), "")
-	if !s.OK || !s.Skipped || lib.ok() || !strings.Contains(s.Detail, "no taproce libibverbs.so.1 in") || !strings.Contains(s.Detail, "--libdir") {
-		t.Fatalf("an empty --libdir: %+v", s)
+	if !s.OK || !s.Skipped || lib.ok() || !strings.Contains(s.Detail, "no taproce libibverbs.so.1 in") || !strings.Contains(s.Detail, "--lib") {
+		t.Fatalf("an empty --lib: %+v", s)
 	}
 	check := func(what string, lib library, want string) {
 		t.Helper()

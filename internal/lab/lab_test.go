@@ -199,7 +199,7 @@ func TestLabRun(t *testing.T) {
 // TestLabSuperFrames runs the exchange over offloaded TAPs without
 // impairment, so every batch goes out as UDP GSO super-frames, and checks
 // that every packet arrives intact. It names a directory without
-// taproce's libibverbs.so.1 (--libdir): Debian's programs are then not
+// taproce's libibverbs.so.1 (--lib): Debian's programs are then not
 // run, each row says so, and the lab passes all the same.
 func TestLabSuperFrames(t *testing.T) {
 	p := prefix(t)

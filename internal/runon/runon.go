@@ -8,7 +8,6 @@
 package runon
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -20,104 +19,20 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/taproce/taproce/internal/ibvlib"
 	"github.com/taproce/taproce/verbs/abi"
 )
 
-// LibName is the library a program loads: rdma-core's soname.
-const LibName = "libibverbs.so.1"
-
-// LibDirEnv names the directory of taproce's libibverbs.so.1 when no
-// --lib is given.
-const LibDirEnv = "TAPROCE_LIBDIR"
-
-// DefaultLibDirs are where `make -C verbs/libibverbs install` puts the
-// library (PREFIX /usr/local) and where a package would, after the
-// directory beside the taproce binary (../lib/taproce).
-var DefaultLibDirs = []string{"/usr/local/lib/taproce", "/usr/lib/taproce"}
-
-// marker is a string only taproce's library holds (the environment
-// variable it reads): a directory whose libibverbs.so.1 lacks it holds
-// rdma-core's, which would find no device.
-var marker = []byte(abi.SocketEnv)
-
-// NoLibError is FindLib's error when no directory it looked in holds
-// taproce's library; its text says where it looked and how to get one.
-type NoLibError struct {
-	// Tried are the directories looked in, in order.
-	Tried []string
-	// Why says, for each, what was wrong.
-	Why []error
-}
+// NoLibError is Exec's error when no directory it looked in holds
+// taproce's library (ibvlib.Find); its text says how to get one.
+type NoLibError struct{ Err error }
 
 func (e *NoLibError) Error() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "taproce's %s was not found; looked in:", LibName)
-	for i, d := range e.Tried {
-		fmt.Fprintf(&b, "\n  %s: %v", d, e.Why[i])
-	}
-	fmt.Fprintf(&b, "\nBuild and install it with `make -C verbs/libibverbs install` (into /usr/local/lib/taproce),\n"+
-		"or name its directory with --lib DIR or %s.", LibDirEnv)
-	return b.String()
+	return fmt.Sprintf("%v\nBuild and install it with `make -C verbs/libibverbs install` (into /usr/local/lib/taproce),\n"+
+		"or name its directory with --lib DIR or $%s.", e.Err, ibvlib.EnvDir)
 }
 
-// errNotOurs says a directory's libibverbs.so.1 is another library's.
-var errNotOurs = errors.New("holds a " + LibName + " that is not taproce's (rdma-core's?)")
-
-// FindLib returns the directory of taproce's libibverbs.so.1: dir when
-// given (--lib), else the one getenv(LibDirEnv) names, else the first of
-// ../lib/taproce beside the binary exe and DefaultLibDirs that holds it.
-// A directory named explicitly (flag or environment) must hold it: the
-// user asked for that one, so FindLib does not look further.
-func FindLib(dir string, getenv func(string) string, exe string) (string, error) {
-	var candidates []string
-	explicit := true
-	switch {
-	case dir != "":
-		candidates = []string{dir}
-	case getenv(LibDirEnv) != "":
-		candidates = []string{getenv(LibDirEnv)}
-	default:
-		explicit = false
-		if exe != "" {
-			if real, err := filepath.EvalSymlinks(exe); err == nil {
-				exe = real
-			}
-			candidates = append(candidates, filepath.Join(filepath.Dir(exe), "..", "lib", "taproce"))
-		}
-		candidates = append(candidates, DefaultLibDirs...)
-	}
-	e := &NoLibError{}
-	for _, d := range candidates {
-		abs, err := filepath.Abs(d)
-		if err == nil {
-			err = checkLib(filepath.Join(abs, LibName))
-		}
-		if err == nil {
-			return abs, nil
-		}
-		e.Tried = append(e.Tried, filepath.Clean(d))
-		e.Why = append(e.Why, err)
-		if explicit {
-			break
-		}
-	}
-	return "", e
-}
-
-// checkLib says whether path is taproce's library.
-func checkLib(path string) error {
-	b, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("no %s", LibName)
-	}
-	if err != nil {
-		return err
-	}
-	if !bytes.Contains(b, marker) {
-		return errNotOurs
-	}
-	return nil
-}
+func (e *NoLibError) Unwrap() error { return e.Err }
 
 // Env returns environ with libDir first on LD_LIBRARY_PATH and
 // TAPROCE_SOCKET set to socket: what the program needs to load taproce's
@@ -144,7 +59,7 @@ func Env(environ []string, libDir, socket string) []string {
 // Options is what Exec runs, and how.
 type Options struct {
 	// LibDir is --lib: the directory of taproce's library ("" to look
-	// for it, FindLib).
+	// for it where ibvlib.Find looks).
 	LibDir string
 	// Socket is the appliance's socket.
 	Socket string
@@ -173,7 +88,17 @@ const treeEnv = "TAPROCE_EXEC_TREE"
 // it says so on o.Warn and runs the program without.
 func Exec(ctx context.Context, o Options) error {
 	exe, _ := os.Executable()
-	lib, err := FindLib(o.LibDir, os.Getenv, exe)
+	if real, err := filepath.EvalSymlinks(exe); err == nil {
+		exe = real
+	}
+	found, err := ibvlib.Find(o.LibDir, exe)
+	if errors.Is(err, ibvlib.ErrNotFound) {
+		return &NoLibError{Err: err}
+	}
+	if err != nil {
+		return err
+	}
+	lib, err := filepath.Abs(found.Dir)
 	if err != nil {
 		return err
 	}
