@@ -37,6 +37,10 @@ type SpeedOptions struct {
 	Binary string
 	// Socket is the appliance's control socket (default DefaultSocket).
 	Socket string
+	// LibDir is the directory of taproce's libibverbs.so.1 for Debian's
+	// ib_write_bw and ib_send_lat ("": found as the lab finds it); with
+	// none, or without perftest, those figures are 0.
+	LibDir string
 	// BWIters and LatIters are the iterations of the perf runs (defaults
 	// 20000 and 5000), and LatIters also those of the events ping-pong;
 	// TCPBytes what each run of the TCP baseline moves (256 MiB), TCPRuns
@@ -67,6 +71,13 @@ type SpeedResult struct {
 	// application that sleeps on its completion channel for every
 	// completion, as `ibv_rc_pingpong -e` does.
 	Events time.Duration
+	// LibWriteBW and LibSendLat are Debian's ib_write_bw and
+	// ib_send_lat, unmodified, on taproce's libibverbs.so.1, each run
+	// right after the taproce perf test it stands beside (0: not run;
+	// LibWhy says why).
+	LibWriteBW float64
+	LibSendLat time.Duration
+	LibWhy     string
 	// RawSpin tells whether the raw ping-pong busy-polled.
 	RawSpin bool
 	// Procs is how many processors the appliance ran on (GOMAXPROCS).
@@ -80,6 +91,13 @@ func (r *SpeedResult) BWRatio() float64 { return r.WriteBW / r.TCP }
 
 // LatRatio is SendLat over Raw.
 func (r *SpeedResult) LatRatio() float64 { return float64(r.SendLat) / float64(r.Raw) }
+
+// LibBWRatio is LibWriteBW over WriteBW: Debian's ib_write_bw on the
+// library against taproce perf on the Go library (target ≥ 0.95).
+func (r *SpeedResult) LibBWRatio() float64 { return r.LibWriteBW / r.WriteBW }
+
+// LibLatRatio is LibSendLat over SendLat (target ≤ 1.1).
+func (r *SpeedResult) LibLatRatio() float64 { return float64(r.LibSendLat) / float64(r.SendLat) }
 
 // EventsRatio is Events over Raw.
 func (r *SpeedResult) EventsRatio() float64 { return float64(r.Events) / float64(r.Raw) }
@@ -165,16 +183,45 @@ func Speed(ctx context.Context, o SpeedOptions) (*SpeedResult, error) {
 		}
 		return row, nil
 	}
+	lib, _ := findLibrary(ctx, o.LibDir, o.Binary)
+	debian := func(tool debianTool, size, iters int) (perfRow, error) {
+		r := perfRun{tool.name, size, iters}
+		path, s, ok := lib.notRun(tool.name, tool)
+		if !ok {
+			res.LibWhy = s.Detail
+			return perfRow{}, nil
+		}
+		args := []string{"-x", "1", "-F", "-s", fmt.Sprint(size), "-n", fmt.Sprint(iters)}
+		_, out, err := l.pairEnv(ctx, lib.env(l.Socket), path, a, b, append([]string{"-d", b.Device}, args...),
+			append([]string{"-d", a.Device}, args...), exchangePort, 300*time.Second)
+		if err != nil {
+			return perfRow{}, fmt.Errorf("lab: %s: %w", tool.name, err)
+		}
+		row := perfRow{run: r}
+		row.ok, row.bw, row.rate, row.lat, row.detail = parsePerftest(out, r)
+		if !row.ok {
+			return row, fmt.Errorf("lab: %s: %s", tool.name, row.detail)
+		}
+		return row, nil
+	}
 	bw, err := run("write_bw", 65536, o.BWIters)
 	if err != nil {
 		return nil, err
 	}
 	res.WriteBW = bw.bw * (1 << 20)
+	if bw, err = debian(writeBWTool, 65536, o.BWIters); err != nil {
+		return nil, err
+	}
+	res.LibWriteBW = bw.bw * (1 << 20)
 	lat, err := run("send_lat", 2, o.LatIters)
 	if err != nil {
 		return nil, err
 	}
 	res.SendLat = time.Duration(lat.lat * float64(time.Microsecond))
+	if lat, err = debian(sendLatTool, 2, o.LatIters); err != nil {
+		return nil, err
+	}
+	res.LibSendLat = time.Duration(lat.lat * float64(time.Microsecond))
 	if res.Events, err = l.eventsPingPong(ctx, o.Binary, o.LatIters); err != nil {
 		return nil, err
 	}

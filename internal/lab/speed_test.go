@@ -28,7 +28,9 @@ import (
 // (the median of five runs; target ≥ 1.0), and lat/raw, `taproce perf send_lat` 2 B's median half
 // round trip over a raw frame ping-pong's between two TAPs (target ≤ 3.0);
 // events/raw, `taproce pingpong -e` 2 B's one-way time over the same raw
-// ping-pong's.
+// ping-pong's; ib_write_bw/write_bw and ib_send_lat/send_lat, Debian's
+// perftest on taproce's libibverbs.so.1 over taproce perf on the Go
+// library, each run right after the other (targets ≥ 0.95 and ≤ 1.1).
 // Each run measures once, whatever b.N: run it with -benchtime 1x.
 func BenchmarkLabSpeed(b *testing.B) {
 	testnet.RequireRoot(b)
@@ -66,6 +68,14 @@ func BenchmarkLabSpeed(b *testing.B) {
 				b.ReportMetric(r.LatRatio(), "lat/raw")
 				b.ReportMetric(float64(r.Events.Nanoseconds())/1e3, "events-µs")
 				b.ReportMetric(r.EventsRatio(), "events/raw")
+				if r.LibWriteBW == 0 {
+					b.Logf("Debian's perftest on taproce's libibverbs not run: %s", r.LibWhy)
+					continue
+				}
+				b.ReportMetric(r.LibWriteBW/1e6, "ib_write_bw-MB/s")
+				b.ReportMetric(r.LibBWRatio(), "ib_write_bw/write_bw")
+				b.ReportMetric(float64(r.LibSendLat.Nanoseconds())/1e3, "ib_send_lat-µs")
+				b.ReportMetric(r.LibLatRatio(), "ib_send_lat/send_lat")
 			}
 		})
 	}
@@ -121,6 +131,14 @@ func TestSpeed(t *testing.T) {
 			}
 			if r.BWRatio() != r.WriteBW/r.TCP || r.LatRatio() != float64(r.SendLat)/float64(r.Raw) || r.EventsRatio() != float64(r.Events)/float64(r.Raw) {
 				t.Errorf("ratios %v %v %v", r.BWRatio(), r.LatRatio(), r.EventsRatio())
+			}
+			// Debian's perftest on the library, measured too where the
+			// lab can build it (a checkout with the C toolchain).
+			if r.LibWhy == "" && (r.LibWriteBW <= 0 || r.LibSendLat <= 0 || r.LibBWRatio() != r.LibWriteBW/r.WriteBW) {
+				t.Errorf("Debian's perftest on the library: %+v", r)
+			}
+			if r.LibWhy != "" {
+				t.Logf("Debian's perftest on the library not run: %s", r.LibWhy)
 			}
 		})
 	}

@@ -113,8 +113,12 @@ struct tp_cq {
 	pthread_spinlock_t lock;
 	struct tp_comp_channel *ch;
 	int destroyed;
-	/* empty counts the polls in a row that found nothing (under lock). */
+	/* empty counts the polls in a row that found nothing, since
+	 * empty_since (ns; under lock); starved says they have lasted long
+	 * enough for the program to give its processor away (cq.c). */
 	unsigned empty;
+	int64_t empty_since;
+	int starved;
 	/* yield says to give the processor away now and then while polling
 	 * finds nothing: the appliance sleeps for want of work and needs a
 	 * processor a busy-polling program would keep from it. */
