@@ -90,6 +90,8 @@ type Config struct {
 
 // Stats counts what an engine did.
 type Stats struct {
+	// Dropped counts the received packets the engine dropped for any
+	// reason, the Rejected ones included.
 	Sent, Received, Dropped      uint64
 	Retransmits, Timeouts        uint64
 	RNRNAKsSent, RNRNAKsReceived uint64
@@ -102,6 +104,32 @@ type Stats struct {
 	// atomic acknowledgements the completer had already seen: an ACK for
 	// PSNs already acknowledged, a response for data already received.
 	DuplicateResponses uint64
+	// Rejected counts, by reason, the packets for one of the engine's
+	// queue pairs that failed the checks rxe's hdr_check makes before a
+	// packet reaches its QP (QP.admit).
+	Rejected [NumRejectReasons]uint64
+}
+
+// RejectReason says why the engine refused a packet addressed to one of
+// its queue pairs before its responder or completer saw it (QP.admit).
+type RejectReason int
+
+// Reject reasons.
+const (
+	RejectAddress    RejectReason = iota // a connected QP's packet not from its peer's address to its own
+	RejectPKey                           // a P_Key that does not match the port's default one
+	RejectQKey                           // a UD packet whose Q_Key is not its QP's
+	NumRejectReasons                     // how many reasons there are
+)
+
+var rejectNames = [NumRejectReasons]string{"address", "pkey", "qkey"}
+
+// String names the reason as metrics label it.
+func (r RejectReason) String() string {
+	if r < 0 || r >= NumRejectReasons {
+		return fmt.Sprintf("reason_%d", int(r))
+	}
+	return rejectNames[r]
 }
 
 // Engine is the transport of one port. Its methods are safe for
@@ -142,6 +170,7 @@ type Engine struct {
 		sent, received, dropped, retransmits, timeouts atomic.Uint64
 		rnrSent, rnrReceived, naksSent, naksReceived   atomic.Uint64
 		dupRequests, dupResponses                      atomic.Uint64
+		rejected                                       [NumRejectReasons]atomic.Uint64
 	}
 }
 
@@ -211,13 +240,17 @@ func (e *Engine) Memory() *Memory { return e.mem }
 
 // Stats returns a snapshot of the counters.
 func (e *Engine) Stats() Stats {
-	return Stats{
+	s := Stats{
 		Sent: e.stats.sent.Load(), Received: e.stats.received.Load(), Dropped: e.stats.dropped.Load(),
 		Retransmits: e.stats.retransmits.Load(), Timeouts: e.stats.timeouts.Load(),
 		RNRNAKsSent: e.stats.rnrSent.Load(), RNRNAKsReceived: e.stats.rnrReceived.Load(),
 		NAKsSent: e.stats.naksSent.Load(), NAKsReceived: e.stats.naksReceived.Load(),
 		DuplicateRequests: e.stats.dupRequests.Load(), DuplicateResponses: e.stats.dupResponses.Load(),
 	}
+	for r := range s.Rejected {
+		s.Rejected[r] = e.stats.rejected[r].Load()
+	}
+	return s
 }
 
 // frame returns the next transmit buffer (behind the headroom), flushing
@@ -514,6 +547,11 @@ func (e *Engine) receiveLocked(frame []byte, p *roce.Packet, ref []byte) {
 	e.stats.received.Add(1)
 	qp := e.qps[p.BTH.DestQP]
 	if qp == nil || !qp.acceptsTransport(p.BTH.Opcode) {
+		e.stats.dropped.Add(1)
+		return
+	}
+	if r, ok := qp.admit(p); !ok {
+		e.stats.rejected[r].Add(1)
 		e.stats.dropped.Add(1)
 		return
 	}

@@ -301,6 +301,39 @@ func (qp *QP) template(dst netip.Addr, mac roce.MAC, dqpn uint32, tclass uint8, 
 	return p
 }
 
+// admit makes the checks rxe's hdr_check makes of a packet for a QP
+// before its responder or completer sees it (rxe_recv.c), and says which
+// failed. check_addr: a connected QP (RC, UC) takes packets only from its
+// peer's address to its own — the address vector's destination and its
+// source GID's address — so that no other host on the network can
+// execute a request on it or make it acknowledge or NAK its peer; a QP
+// that has no peer yet (RESET, INIT) is left to its state, which refuses
+// everything. check_keys: the P_Key must match the port's one, the
+// default (0xFFFF, full member); a UD packet's Q_Key must be its QP's
+// (QP1's is GSIQKey), and one of the privileged Q_Keys (high bit set) is
+// for QP1 alone (IBA 10.2.5). Each costs a comparison or two.
+func (qp *QP) admit(p *roce.Packet) (RejectReason, bool) {
+	switch qp.cfg.Type {
+	case abi.RC, abi.UC:
+		if qp.tmpl.Dst.IsValid() && (p.Src != qp.tmpl.Dst || p.Dst != qp.tmpl.Src) {
+			return RejectAddress, false
+		}
+	}
+	if !roce.PKeyMatch(p.BTH.PKey, roce.DefaultPKey) {
+		return RejectPKey, false
+	}
+	if qp.cfg.Type == abi.UD {
+		qkey := qp.attr.QKey
+		if qp.num == 1 {
+			qkey = roce.GSIQKey
+		}
+		if p.DETH.QKey != qkey || qkey&0x80000000 != 0 && qp.num != 1 {
+			return RejectQKey, false
+		}
+	}
+	return 0, true
+}
+
 func (qp *QP) acceptsTransport(op roce.Opcode) bool {
 	switch qp.cfg.Type {
 	case abi.RC:

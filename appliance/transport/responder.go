@@ -590,10 +590,7 @@ func (qp *QP) duplicate(frame []byte, p *roce.Packet) bool {
 // 40-byte GRH area libibverbs defines (for RoCEv2 over IPv4 the IPv4
 // header sits in its last 20 bytes).
 func (qp *QP) receiveUD(frame []byte, p *roce.Packet) {
-	if p.DETH.QKey != qp.attr.QKey || p.DETH.QKey&0x80000000 != 0 && qp.num != 1 {
-		qp.e.stats.dropped.Add(1) // Q_Key violation: silently dropped (IBA 10.2.5)
-		return
-	}
+	// The Q_Key was checked on arrival (QP.admit).
 	w := qp.recvHead()
 	if w == nil {
 		qp.e.stats.dropped.Add(1)
