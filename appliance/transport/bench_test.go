@@ -93,7 +93,7 @@ func newRingPairSized(tb testing.TB, size, slots, depth int) *ringPair {
 		for i := range p.in.slots {
 			p.in.slots[i] = make([]byte, 9100)
 		}
-		p.eng = NewEngine(Config{MAC: p.mac, GIDs: []roce.GID{roce.LinkLocalGID(p.mac), roce.GIDFromAddr(p.ip)}, MTU: 9000, Out: p, Now: now})
+		p.eng = NewEngine(Config{MAC: p.mac, GIDs: []roce.GID{roce.LinkLocalGID(p.mac), roce.GIDFromAddr(p.ip)}, MTU: 9000, Out: p, Now: now, Seed: uint64(last)})
 		return p
 	}
 	rp := &ringPair{a: mk(1), b: mk(2)}

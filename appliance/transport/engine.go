@@ -2,6 +2,7 @@ package transport
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -86,6 +87,11 @@ type Config struct {
 	// Someone must call FlushAcks while acknowledgements wait; Tick sends
 	// them too.
 	AckDelay time.Duration
+	// Seed, when not 0, seeds the engine's random numbers — the QPNs it
+	// gives out and, when it makes the Memory, the regions' keys — so that
+	// a test or a fuzzer sees the same numbers every run. 0 seeds them
+	// from crypto/rand: nobody on the network can predict them.
+	Seed uint64
 }
 
 // Stats counts what an engine did.
@@ -140,8 +146,8 @@ type Engine struct {
 
 	mu        sync.Mutex
 	qps       map[uint32]*QP
-	lingering int // killed or closed QPs in qps (QP.linger)
-	nextQPN   uint32
+	lingering int           // killed or closed QPs in qps (QP.linger)
+	rng       *rand.ChaCha8 // QPNs (newRand)
 	ipID      uint16
 	// curUrgent tells that cur holds a frame that must go out at the end
 	// of the call that built it: any but an acknowledgement that may wait
@@ -188,12 +194,12 @@ func NewEngine(cfg Config) *Engine {
 		cfg.Now = time.Now
 	}
 	if cfg.Memory == nil {
-		cfg.Memory = &Memory{}
+		cfg.Memory = NewMemory(cfg.Seed)
 	}
 	if cfg.MTU == 0 {
 		cfg.MTU = 1500
 	}
-	e := &Engine{cfg: cfg, mem: cfg.Memory, qps: map[uint32]*QP{}, nextQPN: 0x10, tickWake: make(chan struct{}, 1)}
+	e := &Engine{cfg: cfg, mem: cfg.Memory, qps: map[uint32]*QP{}, rng: newRand(cfg.Seed, "qpns"), tickWake: make(chan struct{}, 1)}
 	size := cfg.Out.Headroom() + cfg.MTU + roce.EthernetLen
 	n := 1
 	if a, ok := cfg.Out.(AsyncOutput); ok {
@@ -361,7 +367,12 @@ type QPConfig struct {
 	OnState func(abi.QPState)
 }
 
-// CreateQP creates a queue pair in the RESET state.
+// CreateQP creates a queue pair in the RESET state. Its number is random
+// in the 24-bit space, unique among the engine's QPs (the killed and
+// closed ones that linger included), and neither 0, 1 (QP0 and QP1, the
+// SMI and GSI) nor 0xFFFFFF (the multicast QPN): a host on the network
+// that cannot guess a QPN cannot aim packets at it, where sequential
+// numbers gave every QP's away.
 func (e *Engine) CreateQP(c QPConfig) (*QP, error) {
 	if c.PD == nil || c.SendCQ == nil || c.RecvCQ == nil || c.MaxSendWR <= 0 || c.MaxRecvWR < 0 {
 		return nil, fmt.Errorf("%w: queue pair needs a PD, CQs and a send queue", ErrInvalid)
@@ -374,10 +385,11 @@ func (e *Engine) CreateQP(c QPConfig) (*QP, error) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for e.qps[e.nextQPN] != nil || e.nextQPN < 2 {
-		e.nextQPN = (e.nextQPN + 1) & roce.QPNMask
+	num := uint32(0)
+	for num < 2 || num == roce.QPNMask || e.qps[num] != nil {
+		num = uint32(e.rng.Uint64()) & roce.QPNMask
 	}
-	qp := &QP{e: e, num: e.nextQPN, cfg: c, state: abi.QPSReset}
+	qp := &QP{e: e, num: num, cfg: c, state: abi.QPSReset}
 	qp.sq = make([]sendWQE, c.MaxSendWR)
 	qp.rq = make([]recvWQE, max(c.MaxRecvWR, 1))
 	qp.cache = make([]respEntry, 16)
@@ -386,7 +398,6 @@ func (e *Engine) CreateQP(c QPConfig) (*QP, error) {
 		c.SRQ.users++
 	}
 	e.qps[qp.num] = qp
-	e.nextQPN = (e.nextQPN + 1) & roce.QPNMask
 	return qp, nil
 }
 
