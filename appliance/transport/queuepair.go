@@ -97,9 +97,11 @@ type QP struct {
 
 	// Kill and Close: the QP only answers requests (lingerAnswer) until
 	// killAt, then it is removed. closed tells Close's from Kill's.
-	killed bool
-	closed bool
-	killAt time.Time
+	// lastPSN is the PSN of the last request it saw.
+	killed  bool
+	closed  bool
+	killAt  time.Time
+	lastPSN roce.PSN
 
 	scratch sgl
 	local   bool              // the destination is on a local switch: whole-message frames
