@@ -237,11 +237,16 @@ func (qp *QP) Modify(attr *QPAttr, mask abi.AttrMask) error {
 	return nil
 }
 
-// reset empties the queues and forgets the connection.
+// reset empties the queues and forgets the connection, down to the
+// counters a new one sets again, so that nothing of the old one shows in
+// the new one.
 func (qp *QP) reset() {
 	qp.sqHead, qp.sqNext, qp.sqTl, qp.rqHead, qp.rqTl = 0, 0, 0, 0, 0
 	qp.attr = QPAttr{}
 	qp.inMsg, qp.nakSent, qp.msn, qp.reqOff, qp.rdAtomicOut = false, false, 0, 0, 0
+	qp.psn, qp.sentTo, qp.acked, qp.ePSN, qp.noAckPkts, qp.retryLeft, qp.rnrLeft = 0, 0, 0, 0, 0, 0, 0
+	qp.msgSend, qp.msgOff, qp.msgLen, qp.msgRKey, qp.msgVA = false, 0, 0, 0, 0
+	qp.cacheN = 0
 	qp.retryAt, qp.rnrAt, qp.nakAt = time.Time{}, time.Time{}, time.Time{}
 	qp.tmpl = roce.Packet{}
 	if qp.stash != nil {
