@@ -426,11 +426,12 @@ func (e *Engine) holds(qp *QP) error {
 // flushes it (IBA 10.3.1), and then lingers (see lingerAnswer) for
 // linger, measured with the engine's clock and checked by Tick: a request
 // it executed before, whose acknowledgement the network lost, is answered
-// as a duplicate (IBA 9.7.4.1.2); every other RC request gets a NAK of the
-// remote operational error code (AETH NAK code 3, IBA 9.7.5.2.1 table 44),
-// so that the remote requester completes its work with IBV_WC_REM_OP_ERR
-// and moves to the error state (IBA 9.9.3.1.3), where a dropped request
-// would leave it retrying, forever with the retry_cnt of 7 rxe takes as
+// as a duplicate (IBA 9.7.4.1.2); every other RC request is answered with
+// a NAK of the remote operational error code (AETH NAK code 3, IBA
+// 9.7.5.2.1 table 44), one for the requests in flight together, so that
+// the remote requester completes its work with IBV_WC_REM_OP_ERR and
+// moves to the error state (IBA 9.9.3.1.3), where a dropped request would
+// leave it retrying, forever with the retry_cnt of 7 rxe takes as
 // infinite. Then the QP is removed as DestroyQP removes it; a linger of
 // zero or less removes it at once. A killed QP refuses Modify and posts.
 func (e *Engine) Kill(qp *QP, linger time.Duration) error {
