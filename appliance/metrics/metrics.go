@@ -1,8 +1,8 @@
 // Package metrics exports an appliance's counters in the Prometheus
 // format. The Collector reads them when scraped — the ports' frame and
 // byte counters, their stations' drops by reason, their impairments,
-// their transports' packets, retransmissions, timeouts, NAKs and
-// duplicates, and the control server's clients and objects — so nothing
+// their transports' packets, rejections by reason, retransmissions,
+// timeouts, NAKs and duplicates, and the control server's clients and objects — so nothing
 // runs between scrapes and a port that goes away takes its series with it.
 //
 // Every per-port series has two labels: device, the verbs device name
@@ -19,6 +19,7 @@ import (
 
 	"github.com/taproce/taproce/appliance"
 	"github.com/taproce/taproce/appliance/station"
+	"github.com/taproce/taproce/appliance/transport"
 	"github.com/taproce/taproce/internal/impair"
 )
 
@@ -75,7 +76,8 @@ var (
 
 	descSent         = transportDesc("packets_sent_total", "RoCEv2 packets the transport sent (requests, responses, acknowledgements).")
 	descReceived     = transportDesc("packets_received_total", "RoCEv2 packets the transport received.")
-	descDropped      = transportDesc("packets_dropped_total", "Received RoCEv2 packets the transport dropped (no such QP, bad state, invalid).")
+	descDropped      = transportDesc("packets_dropped_total", "Received RoCEv2 packets the transport dropped (no such QP, bad state, invalid, rejected).")
+	descRejected     = transportDesc("packets_rejected_total", "Received RoCEv2 packets for a QP that the transport dropped before the QP saw them, as rxe's check_addr and check_keys do, by reason: address (a connected QP's packet not from its peer's address to its own: spoofed or misrouted), pkey (P_Key outside the default partition), qkey (UD Q_Key not the QP's). Also in packets_dropped_total.", "reason")
 	descRetransmits  = transportDesc("retransmits_total", "Request packets sent again.")
 	descTimeouts     = transportDesc("timeouts_total", "Local ACK timeouts: requests that went unanswered for the QP's timeout.")
 	descNAKs         = transportDesc("naks_total", "NAKs (PSN sequence error, invalid request, remote access or operational error), by direction.", "direction")
@@ -100,7 +102,7 @@ var (
 
 	allDescs = []*prometheus.Desc{
 		descRxFrames, descRxBytes, descTxFrames, descTxBytes, descRxErrors, descTxErrors, descDelivered, descDrops, descImpair, descMTU,
-		descSent, descReceived, descDropped, descRetransmits, descTimeouts, descNAKs, descRNRNAKs, descDupRequests, descDupResponses,
+		descSent, descReceived, descDropped, descRejected, descRetransmits, descTimeouts, descNAKs, descRNRNAKs, descDupRequests, descDupResponses,
 		descPorts, descClients, descPDs, descMRs, descMRBytes, descCQs, descQPs, descSRQs, descAHs, descChannels, descClientFds,
 		descRefused, descSwitch, descAttachments,
 	}
@@ -163,6 +165,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descSent, t.Sent, dev, port)
 		counter(descReceived, t.Received, dev, port)
 		counter(descDropped, t.Dropped, dev, port)
+		for r, v := range t.Rejected {
+			counter(descRejected, v, dev, port, transport.RejectReason(r).String())
+		}
 		counter(descRetransmits, t.Retransmits, dev, port)
 		counter(descTimeouts, t.Timeouts, dev, port)
 		counter(descNAKs, t.NAKsSent, dev, port, "sent")

@@ -39,6 +39,20 @@ type BTHFields struct {
 // DefaultPKey is the default full-membership partition key.
 const DefaultPKey = 0xFFFF
 
+// PKeyMatch reports whether a packet's P_Key a is in the partition of the
+// P_Key b (IBA ch. 10, partitioning; rxe's pkey_match): the low 15 bits, the partition
+// number, are equal and not 0 (an invalid P_Key), and at least one of the
+// two is a full member (bit 15), since two limited members may not talk.
+// Against DefaultPKey, 0xFFFF and 0x7FFF match and nothing else does.
+func PKeyMatch(a, b uint16) bool {
+	return a&0x7FFF != 0 && a&0x7FFF == b&0x7FFF && (a|b)&0x8000 != 0
+}
+
+// GSIQKey is the Q_Key of QP1, the general services interface, which
+// every GSI datagram carries (IBA ch. 13; rxe's GSI_QKEY): a UD packet
+// for QP1 with another Q_Key is dropped.
+const GSIQKey = 0x80010000
+
 // QPNMask masks a 24-bit queue pair number.
 const QPNMask = 0xFFFFFF
 

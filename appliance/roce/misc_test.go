@@ -172,3 +172,26 @@ func TestIPv4Checksum(t *testing.T) {
 		t.Fatalf("checksum %#04x, want 0xb861", got)
 	}
 }
+
+// TestPKeyMatch: rxe's pkey_match — equal partition numbers, not 0, and
+// at least one full member.
+func TestPKeyMatch(t *testing.T) {
+	for _, tc := range []struct {
+		a, b uint16
+		want bool
+	}{
+		{0xFFFF, roce.DefaultPKey, true},
+		{0x7FFF, roce.DefaultPKey, true}, // limited member of the default partition
+		{0x7FFF, 0x7FFF, false},          // two limited members
+		{0x8000, 0x8000, false},          // partition 0 is invalid
+		{0x0000, roce.DefaultPKey, false},
+		{0xFFFE, roce.DefaultPKey, false},
+		{0x1234, roce.DefaultPKey, false},
+		{0x8001, 0x0001, true},
+		{0x8001, 0x8002, false},
+	} {
+		if got := roce.PKeyMatch(tc.a, tc.b); got != tc.want {
+			t.Errorf("PKeyMatch(%#04x, %#04x) = %v, want %v", tc.a, tc.b, got, tc.want)
+		}
+	}
+}

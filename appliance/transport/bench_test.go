@@ -21,12 +21,13 @@ type ring struct {
 }
 
 type ringPort struct {
-	eng  *Engine
-	mac  roce.MAC
-	ip   netip.Addr
-	in   ring
-	peer *ringPort
-	pkt  roce.Packet
+	eng   *Engine
+	mac   roce.MAC
+	ip    netip.Addr
+	in    ring
+	peer  *ringPort
+	pkt   roce.Packet
+	watch func(frame []byte) // when set, sees every frame the port sends
 }
 
 func (p *ringPort) Headroom() int { return 10 }
@@ -35,6 +36,9 @@ func (p *ringPort) Send(frames [][]byte) {
 	r := &p.peer.in
 	for _, f := range frames {
 		f = f[10:]
+		if p.watch != nil {
+			p.watch(f)
+		}
 		if r.n == len(r.slots) {
 			panic("ring full")
 		}
@@ -72,12 +76,13 @@ func pumpAtMost(limit int, ps ...*ringPort) int {
 }
 
 type ringPair struct {
-	a, b           *ringPort
-	qa, qb         *QP
-	cqa, cqb, rcqb *CQ
-	mra, mrb       *MR
-	bufa, bufb     []byte
-	backingB       []byte // bufb with a guard zone on each side (its size, at most 1 MiB)
+	a, b       *ringPort
+	qa, qb     *QP
+	cqa, cqb   *CQ
+	rcqa, rcqb *CQ
+	mra, mrb   *MR
+	bufa, bufb []byte
+	backingB   []byte // bufb with a guard zone on each side (its size, at most 1 MiB)
 }
 
 func newRingPair(tb testing.TB, size int) *ringPair { return newRingPairSized(tb, size, 1024, 4096) }
@@ -93,7 +98,7 @@ func newRingPairSized(tb testing.TB, size, slots, depth int) *ringPair {
 		for i := range p.in.slots {
 			p.in.slots[i] = make([]byte, 9100)
 		}
-		p.eng = NewEngine(Config{MAC: p.mac, GIDs: []roce.GID{roce.LinkLocalGID(p.mac), roce.GIDFromAddr(p.ip)}, MTU: 9000, Out: p, Now: now})
+		p.eng = NewEngine(Config{MAC: p.mac, GIDs: []roce.GID{roce.LinkLocalGID(p.mac), roce.GIDFromAddr(p.ip)}, MTU: 9000, Out: p, Now: now, Seed: uint64(last)})
 		return p
 	}
 	rp := &ringPair{a: mk(1), b: mk(2)}
@@ -111,9 +116,14 @@ func newRingPairSized(tb testing.TB, size, slots, depth int) *ringPair {
 		must(tb, err)
 		return q
 	}
-	var rcqa *CQ
-	rp.qa = qp(rp.a, &rp.bufa, &rp.mra, &rp.cqa, &rcqa)
+	rp.qa = qp(rp.a, &rp.bufa, &rp.mra, &rp.cqa, &rp.rcqa)
 	rp.qb = qp(rp.b, &rp.bufb, &rp.mrb, &rp.cqb, &rp.rcqb)
+	rp.connect(tb)
+	return rp
+}
+
+// connect takes both queue pairs from RESET to RTS, towards each other.
+func (rp *ringPair) connect(tb testing.TB) {
 	all := abi.AccessLocalWrite | abi.AccessRemoteWrite | abi.AccessRemoteRead | abi.AccessRemoteAtomic
 	for _, x := range []struct {
 		q    *QP
@@ -127,7 +137,6 @@ func newRingPairSized(tb testing.TB, size, slots, depth int) *ringPair {
 		must(tb, x.q.Modify(&QPAttr{State: abi.QPSRTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16},
 			abi.QPStateMask|abi.QPSQPSN|abi.QPTimeout|abi.QPRetryCnt|abi.QPRNRRetry|abi.QPMaxQPRdAtomic))
 	}
-	return rp
 }
 
 // TestZeroAllocsPerPacket: posting, sending, receiving, acknowledging and

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -86,10 +87,17 @@ type Config struct {
 	// Someone must call FlushAcks while acknowledgements wait; Tick sends
 	// them too.
 	AckDelay time.Duration
+	// Seed, when not 0, seeds the engine's random numbers — the QPNs it
+	// gives out and, when it makes the Memory, the regions' keys — so that
+	// a test or a fuzzer sees the same numbers every run. 0 seeds them
+	// from crypto/rand: nobody on the network can predict them.
+	Seed uint64
 }
 
 // Stats counts what an engine did.
 type Stats struct {
+	// Dropped counts the received packets the engine dropped for any
+	// reason, the Rejected ones included.
 	Sent, Received, Dropped      uint64
 	Retransmits, Timeouts        uint64
 	RNRNAKsSent, RNRNAKsReceived uint64
@@ -102,6 +110,32 @@ type Stats struct {
 	// atomic acknowledgements the completer had already seen: an ACK for
 	// PSNs already acknowledged, a response for data already received.
 	DuplicateResponses uint64
+	// Rejected counts, by reason, the packets for one of the engine's
+	// queue pairs that failed the checks rxe's hdr_check makes before a
+	// packet reaches its QP (QP.admit).
+	Rejected [NumRejectReasons]uint64
+}
+
+// RejectReason says why the engine refused a packet addressed to one of
+// its queue pairs before its responder or completer saw it (QP.admit).
+type RejectReason int
+
+// Reject reasons.
+const (
+	RejectAddress    RejectReason = iota // a connected QP's packet not from its peer's address to its own
+	RejectPKey                           // a P_Key that does not match the port's default one
+	RejectQKey                           // a UD packet whose Q_Key is not its QP's
+	NumRejectReasons                     // how many reasons there are
+)
+
+var rejectNames = [NumRejectReasons]string{"address", "pkey", "qkey"}
+
+// String names the reason as metrics label it.
+func (r RejectReason) String() string {
+	if r < 0 || r >= NumRejectReasons {
+		return fmt.Sprintf("reason_%d", int(r))
+	}
+	return rejectNames[r]
 }
 
 // Engine is the transport of one port. Its methods are safe for
@@ -112,8 +146,8 @@ type Engine struct {
 
 	mu        sync.Mutex
 	qps       map[uint32]*QP
-	lingering int // killed or closed QPs in qps (QP.linger)
-	nextQPN   uint32
+	lingering int           // killed or closed QPs in qps (QP.linger)
+	rng       *rand.ChaCha8 // QPNs (newRand)
 	ipID      uint16
 	// curUrgent tells that cur holds a frame that must go out at the end
 	// of the call that built it: any but an acknowledgement that may wait
@@ -142,6 +176,7 @@ type Engine struct {
 		sent, received, dropped, retransmits, timeouts atomic.Uint64
 		rnrSent, rnrReceived, naksSent, naksReceived   atomic.Uint64
 		dupRequests, dupResponses                      atomic.Uint64
+		rejected                                       [NumRejectReasons]atomic.Uint64
 	}
 }
 
@@ -159,12 +194,12 @@ func NewEngine(cfg Config) *Engine {
 		cfg.Now = time.Now
 	}
 	if cfg.Memory == nil {
-		cfg.Memory = &Memory{}
+		cfg.Memory = NewMemory(cfg.Seed)
 	}
 	if cfg.MTU == 0 {
 		cfg.MTU = 1500
 	}
-	e := &Engine{cfg: cfg, mem: cfg.Memory, qps: map[uint32]*QP{}, nextQPN: 0x10, tickWake: make(chan struct{}, 1)}
+	e := &Engine{cfg: cfg, mem: cfg.Memory, qps: map[uint32]*QP{}, rng: newRand(cfg.Seed, "qpns"), tickWake: make(chan struct{}, 1)}
 	size := cfg.Out.Headroom() + cfg.MTU + roce.EthernetLen
 	n := 1
 	if a, ok := cfg.Out.(AsyncOutput); ok {
@@ -211,13 +246,17 @@ func (e *Engine) Memory() *Memory { return e.mem }
 
 // Stats returns a snapshot of the counters.
 func (e *Engine) Stats() Stats {
-	return Stats{
+	s := Stats{
 		Sent: e.stats.sent.Load(), Received: e.stats.received.Load(), Dropped: e.stats.dropped.Load(),
 		Retransmits: e.stats.retransmits.Load(), Timeouts: e.stats.timeouts.Load(),
 		RNRNAKsSent: e.stats.rnrSent.Load(), RNRNAKsReceived: e.stats.rnrReceived.Load(),
 		NAKsSent: e.stats.naksSent.Load(), NAKsReceived: e.stats.naksReceived.Load(),
 		DuplicateRequests: e.stats.dupRequests.Load(), DuplicateResponses: e.stats.dupResponses.Load(),
 	}
+	for r := range s.Rejected {
+		s.Rejected[r] = e.stats.rejected[r].Load()
+	}
+	return s
 }
 
 // frame returns the next transmit buffer (behind the headroom), flushing
@@ -328,7 +367,12 @@ type QPConfig struct {
 	OnState func(abi.QPState)
 }
 
-// CreateQP creates a queue pair in the RESET state.
+// CreateQP creates a queue pair in the RESET state. Its number is random
+// in the 24-bit space, unique among the engine's QPs (the killed and
+// closed ones that linger included), and neither 0, 1 (QP0 and QP1, the
+// SMI and GSI) nor 0xFFFFFF (the multicast QPN): a host on the network
+// that cannot guess a QPN cannot aim packets at it, where sequential
+// numbers gave every QP's away.
 func (e *Engine) CreateQP(c QPConfig) (*QP, error) {
 	if c.PD == nil || c.SendCQ == nil || c.RecvCQ == nil || c.MaxSendWR < 0 || c.MaxRecvWR < 0 {
 		return nil, fmt.Errorf("%w: queue pair needs a PD and CQs", ErrInvalid)
@@ -341,10 +385,11 @@ func (e *Engine) CreateQP(c QPConfig) (*QP, error) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for e.qps[e.nextQPN] != nil || e.nextQPN < 2 {
-		e.nextQPN = (e.nextQPN + 1) & roce.QPNMask
+	num := uint32(0)
+	for num < 2 || num == roce.QPNMask || e.qps[num] != nil {
+		num = uint32(e.rng.Uint64()) & roce.QPNMask
 	}
-	qp := &QP{e: e, num: e.nextQPN, cfg: c, state: abi.QPSReset}
+	qp := &QP{e: e, num: num, cfg: c, state: abi.QPSReset}
 	// An empty queue is allowed, as rxe allows it (qperf's one-way tests
 	// make QPs that only send or only receive): it takes no work.
 	qp.sq = make([]sendWQE, max(c.MaxSendWR, 1))
@@ -355,7 +400,6 @@ func (e *Engine) CreateQP(c QPConfig) (*QP, error) {
 		c.SRQ.users++
 	}
 	e.qps[qp.num] = qp
-	e.nextQPN = (e.nextQPN + 1) & roce.QPNMask
 	return qp, nil
 }
 
@@ -384,11 +428,12 @@ func (e *Engine) holds(qp *QP) error {
 // flushes it (IBA 10.3.1), and then lingers (see lingerAnswer) for
 // linger, measured with the engine's clock and checked by Tick: a request
 // it executed before, whose acknowledgement the network lost, is answered
-// as a duplicate (IBA 9.7.4.1.2); every other RC request gets a NAK of the
-// remote operational error code (AETH NAK code 3, IBA 9.7.5.2.1 table 44),
-// so that the remote requester completes its work with IBV_WC_REM_OP_ERR
-// and moves to the error state (IBA 9.9.3.1.3), where a dropped request
-// would leave it retrying, forever with the retry_cnt of 7 rxe takes as
+// as a duplicate (IBA 9.7.4.1.2); every other RC request is answered with
+// a NAK of the remote operational error code (AETH NAK code 3, IBA
+// 9.7.5.2.1 table 44), one for the requests in flight together, so that
+// the remote requester completes its work with IBV_WC_REM_OP_ERR and
+// moves to the error state (IBA 9.9.3.1.3), where a dropped request would
+// leave it retrying, forever with the retry_cnt of 7 rxe takes as
 // infinite. Then the QP is removed as DestroyQP removes it; a linger of
 // zero or less removes it at once. A killed QP refuses Modify and posts.
 func (e *Engine) Kill(qp *QP, linger time.Duration) error {
@@ -516,6 +561,11 @@ func (e *Engine) receiveLocked(frame []byte, p *roce.Packet, ref []byte) {
 	e.stats.received.Add(1)
 	qp := e.qps[p.BTH.DestQP]
 	if qp == nil || !qp.acceptsTransport(p.BTH.Opcode) {
+		e.stats.dropped.Add(1)
+		return
+	}
+	if r, ok := qp.admit(p); !ok {
+		e.stats.rejected[r].Add(1)
 		e.stats.dropped.Add(1)
 		return
 	}

@@ -125,7 +125,9 @@ func TestKill(t *testing.T) {
 // operational error code with the request's PSN, or the expected PSN for
 // a request beyond it (a NAK acknowledges every PSN before its own): a
 // new request, a duplicate READ it never executed. Both carry the MSN as
-// it stands. Acknowledgements and responses are dropped.
+// it stands. Acknowledgements and responses are dropped. Each request is
+// an episode of its own here (one NAK each; TestKillNAKOnce has the
+// requests of one episode).
 func TestKillNAK(t *testing.T) {
 	s := newSim(t, impair.Spec{}, 1500)
 	c := s.connect(connOpts{retry: 7, rnr: 7, psnA: 1000})
@@ -158,6 +160,7 @@ func TestKillNAK(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sent = sent[:0]
+			c.qb.nakSent = false // a new episode
 			p := c.qa.template(s.b.ip, s.b.mac, c.qb.Num(), 0, 0)
 			p.BTH.Opcode, p.BTH.PSN = tc.op, tc.psn
 			info := tc.op.Info()
@@ -201,5 +204,74 @@ func TestKillNAK(t *testing.T) {
 	}
 	if !bytes.Equal(c.bufb[:3000], c.bufa[:3000]) {
 		t.Fatal("B's memory changed after the kill")
+	}
+}
+
+// TestKillNAKOnce: a killed QP NAKs once per episode, as a live QP NAKs a
+// gap once. A's whole window, in flight when B's QP is killed — 128 WRITE
+// packets, or 16 READ requests — draws one NAK, and A completes its first
+// WQE with REM_OP_ERR and flushes the rest. When that NAK is lost, A's
+// retransmission after its timeout begins a second episode, and draws one
+// more.
+func TestKillNAKOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		op       abi.WROpcode
+		size     int // bytes of each of the 64 work requests
+		inflight int // request packets in flight at the kill
+		lost     int // NAKs the network loses
+	}{
+		{"WRITEs", abi.WRRDMAWrite, 16384, maxInflight, 0},
+		{"READs", abi.WRRDMARead, 4096, 16, 0},
+		{"WRITEs, the NAK lost", abi.WRRDMAWrite, 16384, maxInflight, 1},
+		{"READs, the NAK lost", abi.WRRDMARead, 4096, 16, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSim(t, impair.Spec{}, 1500)
+			c := s.connect(connOpts{retry: 7, rnr: 7})
+			const n = 64
+			var wrs []SendWR
+			for i := range n {
+				wrs = append(wrs, SendWR{ID: uint64(i), Opcode: tc.op, Flags: abi.SendSignaled,
+					SGL: sge(c.mra, i*tc.size, tc.size), RemoteAddr: base + uint64(i*tc.size), RKey: c.mrb.RKey})
+			}
+			_, err := c.qa.PostSend(wrs)
+			must(t, err)
+			if got := len(s.b.inbox); got != tc.inflight {
+				t.Fatalf("%d packets in flight, want %d", got, tc.inflight)
+			}
+			must(t, s.b.eng.Kill(c.qb, time.Minute))
+			naks, lost := 0, 0
+			s.b.watch = func(f []byte) {
+				if p := parsed(t, f); p.BTH.Opcode == roce.RCAcknowledge && p.AETH.Syndrome.Kind() == roce.SyndromeNAK {
+					naks++
+				}
+			}
+			s.b.drop = func(f []byte) bool {
+				if p := parsed(t, f); p.AETH.Syndrome.Kind() == roce.SyndromeNAK && lost < tc.lost {
+					lost++
+					return true
+				}
+				return false
+			}
+			var wcs []WC
+			s.run(1_000_000, func() bool { wcs = append(wcs, poll(c.cqa)...); return len(wcs) == n })
+			// The rest of the window arrives.
+			s.run(1_000_000, func() bool { return len(s.a.inbox)+len(s.b.inbox) == 0 })
+			if wcs[0].Status != abi.WCRemOpErr {
+				t.Fatalf("A's first completion: %v, want REM_OP_ERR", wcs[0].Status)
+			}
+			for _, wc := range wcs[1:] {
+				if wc.Status != abi.WCWRFlushErr {
+					t.Fatalf("A's completion %d: %v, want flushed", wc.ID, wc.Status)
+				}
+			}
+			if want := 1 + tc.lost; naks != want || s.b.eng.Stats().NAKsSent != uint64(want) {
+				t.Fatalf("B sent %d NAKs (counted %d), want %d", naks, s.b.eng.Stats().NAKsSent, want)
+			}
+			if tc.lost > 0 && s.a.eng.Stats().Timeouts == 0 {
+				t.Fatal("A did not time out: the NAK was not lost")
+			}
+		})
 	}
 }

@@ -1,8 +1,11 @@
 package transport
 
 import (
+	crand "crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 
@@ -33,11 +36,34 @@ type MR struct {
 func (mr *MR) Pinned() bool { return mr.pins.Load() != 0 }
 
 // Memory holds the protection domains and memory regions of one engine.
+// Its zero value is ready for use, with keys from a generator seeded from
+// crypto/rand.
 type Memory struct {
 	mu     sync.RWMutex
 	nextPD uint32
-	nextMR uint32
 	keys   map[uint32]*MR
+	rng    *rand.ChaCha8 // the keys' random bits (newRand)
+}
+
+// NewMemory returns a Memory whose keys come from a generator seeded with
+// seed (see newRand): the same seed gives the same keys, for tests and
+// fuzzing; 0 seeds it from crypto/rand, as the zero Memory does.
+func NewMemory(seed uint64) *Memory { return &Memory{rng: newRand(seed, "memory keys")} }
+
+// newRand returns a ChaCha8 generator seeded from seed and label, or,
+// when seed is 0, from crypto/rand. ChaCha8 is a cryptographically strong
+// generator: with a secret seed its numbers are as unpredictable as
+// crypto/rand's, without a system call each; a fixed seed makes an
+// engine's numbers repeat from run to run, which tests and fuzzing need.
+func newRand(seed uint64, label string) *rand.ChaCha8 {
+	var s [32]byte
+	if seed == 0 {
+		crand.Read(s[:]) // never fails (crypto/rand's contract since Go 1.24)
+	} else {
+		binary.LittleEndian.PutUint64(s[:], seed)
+		copy(s[8:], label)
+	}
+	return rand.NewChaCha8(s)
 }
 
 // Errors of memory registration.
@@ -54,9 +80,13 @@ func (m *Memory) NewPD() *PD {
 }
 
 // Register makes buf, seen at virtual address addr, a memory region of pd.
-// Keys are an index in the upper 24 bits and a counter byte, as rxe forms
-// them, so a stale key of a deregistered region is unlikely to match a
-// new one.
+// Its key (the L_Key and the R_Key, equal as rxe's are) is 32 random bits,
+// never 0 and unique among the registered regions. rxe puts 8 random bits
+// in the low byte of a key whose upper 24 bits are an index in its table
+// (rxe_mr_init, rxe_get_next_key), so that a stale key of a deregistered
+// region is unlikely to match a new one; a key wholly random does that
+// too, and keeps a host on the network from guessing a live region's R_Key
+// — a key is all that stands between a peer's QP and a region of its PD.
 func (m *Memory) Register(pd *PD, addr uint64, buf []byte, access abi.Access) (*MR, error) {
 	if pd == nil {
 		return nil, fmt.Errorf("%w: no protection domain", ErrInvalidMR)
@@ -73,9 +103,11 @@ func (m *Memory) Register(pd *PD, addr uint64, buf []byte, access abi.Access) (*
 	if m.keys == nil {
 		m.keys = map[uint32]*MR{}
 	}
+	if m.rng == nil {
+		m.rng = newRand(0, "")
+	}
 	for {
-		m.nextMR++
-		key := (m.nextMR&0xFFFFFF)<<8 | m.nextMR>>24&0xFF ^ 0x5A
+		key := uint32(m.rng.Uint64())
 		if key == 0 || m.keys[key] != nil {
 			continue
 		}

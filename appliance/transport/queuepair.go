@@ -97,9 +97,11 @@ type QP struct {
 
 	// Kill and Close: the QP only answers requests (lingerAnswer) until
 	// killAt, then it is removed. closed tells Close's from Kill's.
-	killed bool
-	closed bool
-	killAt time.Time
+	// lastPSN is the PSN of the last request it saw.
+	killed  bool
+	closed  bool
+	killAt  time.Time
+	lastPSN roce.PSN
 
 	scratch sgl
 	local   bool              // the destination is on a local switch: whole-message frames
@@ -235,11 +237,16 @@ func (qp *QP) Modify(attr *QPAttr, mask abi.AttrMask) error {
 	return nil
 }
 
-// reset empties the queues and forgets the connection.
+// reset empties the queues and forgets the connection, down to the
+// counters a new one sets again, so that nothing of the old one shows in
+// the new one.
 func (qp *QP) reset() {
 	qp.sqHead, qp.sqNext, qp.sqTl, qp.rqHead, qp.rqTl = 0, 0, 0, 0, 0
 	qp.attr = QPAttr{}
 	qp.inMsg, qp.nakSent, qp.msn, qp.reqOff, qp.rdAtomicOut = false, false, 0, 0, 0
+	qp.psn, qp.sentTo, qp.acked, qp.ePSN, qp.noAckPkts, qp.retryLeft, qp.rnrLeft = 0, 0, 0, 0, 0, 0, 0
+	qp.msgSend, qp.msgOff, qp.msgLen, qp.msgRKey, qp.msgVA = false, 0, 0, 0, 0
+	qp.cacheN = 0
 	qp.retryAt, qp.rnrAt, qp.nakAt = time.Time{}, time.Time{}, time.Time{}
 	qp.tmpl = roce.Packet{}
 	if qp.stash != nil {
@@ -299,6 +306,39 @@ func (qp *QP) template(dst netip.Addr, mac roce.MAC, dqpn uint32, tclass uint8, 
 		p.FlowLabel = flow & 0xFFFFF
 	}
 	return p
+}
+
+// admit makes the checks rxe's hdr_check makes of a packet for a QP
+// before its responder or completer sees it (rxe_recv.c), and says which
+// failed. check_addr: a connected QP (RC, UC) takes packets only from its
+// peer's address to its own — the address vector's destination and its
+// source GID's address — so that no other host on the network can
+// execute a request on it or make it acknowledge or NAK its peer; a QP
+// that has no peer yet (RESET, INIT) is left to its state, which refuses
+// everything. check_keys: the P_Key must match the port's one, the
+// default (0xFFFF, full member); a UD packet's Q_Key must be its QP's
+// (QP1's is GSIQKey), and one of the privileged Q_Keys (high bit set) is
+// for QP1 alone (IBA 10.2.5). Each costs a comparison or two.
+func (qp *QP) admit(p *roce.Packet) (RejectReason, bool) {
+	switch qp.cfg.Type {
+	case abi.RC, abi.UC:
+		if qp.tmpl.Dst.IsValid() && (p.Src != qp.tmpl.Dst || p.Dst != qp.tmpl.Src) {
+			return RejectAddress, false
+		}
+	}
+	if !roce.PKeyMatch(p.BTH.PKey, roce.DefaultPKey) {
+		return RejectPKey, false
+	}
+	if qp.cfg.Type == abi.UD {
+		qkey := qp.attr.QKey
+		if qp.num == 1 {
+			qkey = roce.GSIQKey
+		}
+		if p.DETH.QKey != qkey || qkey&0x80000000 != 0 && qp.num != 1 {
+			return RejectQKey, false
+		}
+	}
+	return 0, true
 }
 
 func (qp *QP) acceptsTransport(op roce.Opcode) bool {

@@ -122,6 +122,7 @@ func (qp *QP) linger(linger time.Duration) {
 	qp.retryAt, qp.rnrAt, qp.nakAt = time.Time{}, time.Time{}, time.Time{}
 	qp.inMsg = false
 	qp.stash = nil
+	qp.nakSent, qp.lastPSN = false, qp.ePSN.Add(-1)
 	// Nothing posts to it again (PostSend and PostRecv refuse): the
 	// queues' memory need not wait for the linger.
 	qp.sq, qp.rq = nil, nil
@@ -150,12 +151,23 @@ func (qp *QP) linger(linger time.Duration) {
 // as acknowledging every PSN before its own, and nothing the QP never
 // executed is acknowledged). Anything else, and a request to a QP that
 // never had a peer, is dropped.
+//
+// A killed QP NAKs once per episode, as a live one NAKs a gap once
+// (sendSeqNAK): the requester fails at the first NAK, so the rest of its
+// window, still in flight, is dropped instead of drawing a NAK each —
+// hundreds for one PSN. An episode begins when the requester goes back: a
+// request at or behind the last one seen is its retransmission after a
+// timeout (IBA 9.7.6.1.3), which means it lost the NAK and needs another.
 func (qp *QP) lingerAnswer(frame []byte, p *roce.Packet) {
 	if qp.cfg.Type != abi.RC || !p.Info().Has(roce.Request) || !qp.tmpl.Dst.IsValid() {
 		qp.e.stats.dropped.Add(1)
 		return
 	}
 	psn := p.BTH.PSN
+	if psn.Diff(qp.lastPSN) <= 0 {
+		qp.nakSent = false
+	}
+	qp.lastPSN = psn
 	switch d := psn.Diff(qp.ePSN); {
 	case d < 0:
 		qp.e.stats.dupRequests.Add(1)
@@ -165,10 +177,11 @@ func (qp *QP) lingerAnswer(frame []byte, p *roce.Packet) {
 	case d > 0:
 		psn = qp.ePSN
 	}
-	if qp.closed {
+	if qp.closed || qp.nakSent {
 		qp.e.stats.dropped.Add(1)
 		return
 	}
+	qp.nakSent = true
 	qp.e.stats.naksSent.Add(1)
 	qp.sendAck(psn, roce.SyndromeNAK|roce.NAKRemoteOperationError)
 }
@@ -590,10 +603,7 @@ func (qp *QP) duplicate(frame []byte, p *roce.Packet) bool {
 // 40-byte GRH area libibverbs defines (for RoCEv2 over IPv4 the IPv4
 // header sits in its last 20 bytes).
 func (qp *QP) receiveUD(frame []byte, p *roce.Packet) {
-	if p.DETH.QKey != qp.attr.QKey || p.DETH.QKey&0x80000000 != 0 && qp.num != 1 {
-		qp.e.stats.dropped.Add(1) // Q_Key violation: silently dropped (IBA 10.2.5)
-		return
-	}
+	// The Q_Key was checked on arrival (QP.admit).
 	w := qp.recvHead()
 	if w == nil {
 		qp.e.stats.dropped.Add(1)

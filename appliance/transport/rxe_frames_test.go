@@ -53,10 +53,9 @@ const (
 // rxe's frame byte for byte. Over IPv6 the ICRC must be rxe's as it
 // stands.
 //
-// Nothing else is normalised. The engine numbers queue pairs itself, so
-// the QPNs are reached by creating queue pairs in turn (createQPNum), and
-// it picks memory keys itself, so the responder's region is given rxe's
-// R_Key (registerWithRKey). The AETH MSN and credits are compared as they
+// Nothing else is normalised. The engine picks QPNs and memory keys at
+// random, so the queue pairs are given rxe's QPNs (createQPNum) and the
+// responder's region rxe's R_Key (registerWithRKey). The AETH MSN and credits are compared as they
 // come: each exchange is the first message of its connection, which rxe
 // acknowledges with MSN 1 and credits 31 (none), as a fresh queue pair of
 // the engine does.
@@ -217,27 +216,22 @@ func rxeExchange(t *testing.T, qpn uint32, req, resp []byte) (ourReq, ourResp []
 	return sentA[0], sentB[0]
 }
 
-// createQPNum creates an RC queue pair with QPN want: the engine numbers
-// queue pairs itself, in order, so those before it are created and
-// destroyed again.
+// createQPNum creates a queue pair with QPN want: the engine picks QPNs
+// at random, so the queue pair it made is given rxe's number, as
+// registerWithRKey gives a region rxe's key.
 func createQPNum(t *testing.T, e *Engine, cfg QPConfig, want uint32) *QP {
 	t.Helper()
-	var spare []*QP
-	defer func() {
-		for _, qp := range spare {
-			must(t, e.DestroyQP(qp))
-		}
-	}()
-	for range 1 << 12 {
-		qp, err := e.CreateQP(cfg)
-		must(t, err)
-		if qp.Num() == want {
-			return qp
-		}
-		spare = append(spare, qp)
+	qp, err := e.CreateQP(cfg)
+	must(t, err)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if other := e.qps[want]; other != nil && other != qp {
+		t.Fatalf("QPN %#x is taken", want)
 	}
-	t.Fatalf("no QPN %#x among the first %d", want, len(spare))
-	return nil
+	delete(e.qps, qp.num)
+	qp.num = want
+	e.qps[want] = qp
+	return qp
 }
 
 // rxeConnect takes an RC queue pair to RTS towards peer's QP dqpn, with the

@@ -76,7 +76,7 @@ func newSim(t testing.TB, spec impair.Spec, mtu int) *sim {
 		p.im = impair.New(sp)
 		p.eng = NewEngine(Config{
 			MAC: p.mac, GIDs: []roce.GID{roce.LinkLocalGID(p.mac), roce.GIDFromAddr(p.ip)},
-			MTU: mtu, Out: p, Now: s.clock.Now,
+			MTU: mtu, Out: p, Now: s.clock.Now, Seed: seed, // QPNs and keys repeat with the seed
 		})
 		return p
 	}
