@@ -301,16 +301,19 @@ TP_DEFAULT_VERSION(ibv_destroy_cq, "IBVERBS_1.1");
  * number. */
 enum { tp_yield_every = 8 };
 
-/* While the appliance polls, a program's poll finds the completion within
- * microseconds when the machine has the processors for both; only a
- * longer wait, tp_starved_ns, means the appliance is off the processor
- * this program's polling keeps — more busy pollers than processors — and
- * the program gives its own away (sched_yield), every tp_yield_every
- * empty polls from then on. Without it a latency test on two processors
- * waited whole time slices, milliseconds, for each answer. The clock is
- * read (vDSO, no system call) every tp_clock_every empty polls. */
+/* While the appliance polls, completions that stream in (a bandwidth
+ * test's) are found without a system call; a wait longer than
+ * tp_starved_ns — an answer from the network, or the appliance off the
+ * processor this program's polling keeps when busy pollers outnumber
+ * processors — makes the program give its processor away (sched_yield)
+ * every tp_yield_every empty polls from then on, as the Go library's
+ * busy-polling clients always do. Never yielding, a latency test on two
+ * processors waited time slices for each answer (4.35 ms); yielding after
+ * 50 µs it waited 90 µs where taproce perf took 20 µs; after 5 µs, 21 µs
+ * (docs/performance-log.md). The clock is read (vDSO, no system call)
+ * every tp_clock_every empty polls. */
 enum { tp_clock_every = 64 };
-static const int64_t tp_starved_ns = 50000;
+static const int64_t tp_starved_ns = 5000;
 
 static int64_t now_ns(void)
 {
