@@ -11,7 +11,7 @@ import (
 
 // Sizes of a MAD (IBA 13.4.2, 13.4.3).
 const (
-	MADLen       = 256                   // every CM MAD, on the wire and in a UD receive buffer
+	MADLen       = 256                   // every CM MAD: the payload of its UD SEND
 	MADHeaderLen = 24                    // the common MAD header
 	DataLen      = MADLen - MADHeaderLen // the attribute: 232 bytes
 )
@@ -19,16 +19,16 @@ const (
 // Values of the common MAD header fields for the CM class.
 const (
 	BaseVersion  = 1    // IBA 13.4.3: the MAD format
-	MgmtClassCM  = 0x07 // communication management (IBA 13.4.4, table 132)
-	ClassVersion = 2    // the CM class version Linux and IBA 1.2+ use
+	MgmtClassCM  = 0x07 // communication management (IBA 13.4.4)
+	ClassVersion = 2    // the CM class version (Linux's IB_CM_CLASS_VERSION)
 	// GSIQPN is the queue pair of the general services interface, where
-	// CM MADs are sent (IBA 13.5.1).
+	// CM MADs are sent.
 	GSIQPN = 1
 	// GSIQKey is QP1's Q_Key, carried in the DETH of every CM MAD.
 	GSIQKey = roce.GSIQKey
 )
 
-// Method is a MAD's method (IBA 13.4.5, table 133). Bit 7 is the response
+// Method is a MAD's method (IBA 13.4.5). Bit 7 is the response
 // bit (R): GetResp is Get|MethodResponse.
 type Method uint8
 

@@ -293,7 +293,10 @@ func (h REQ) Encode(f *REQFields) {
 
 // MRA is a view of an MRA's attribute data, the message receipt
 // acknowledgement: "I have your REQ, REP or LAP; my answer takes up to
-// the service timeout" (IBA vol. 1 table 107).
+// the service timeout" (IBA vol. 1 table 107). Linux's RDMA CM sends one
+// only when a duplicate REQ arrives before the application has accepted
+// (IB_CM_MRA_FLAG_DELAY), with service timeout 24 (≈69 s): rxe's captures
+// hold none.
 //
 //	0 Local Communication ID    4 Remote Communication ID
 //	8 Message MRAed (2) | reserved (6)
@@ -341,6 +344,11 @@ func (h MRA) Encode(f *MRAFields) {
 //	10 Reason (16)
 //	12 Additional Rejection Information (72)
 //	84 Private Data (148)
+//
+// Linux rejects a REQ with the REQ's TID, the REQ's comm ID as
+// RemoteCommID and 0 as LocalCommID, both when no one listens (reason 8,
+// cm.c's cm_issue_rej) and when the consumer rejects before sending an
+// MRA (cm_format_rej in REQ_RCVD).
 type REJ []byte
 
 // REJFields holds the fields of a REJ.

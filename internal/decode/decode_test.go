@@ -296,6 +296,10 @@ func gsiFrame(t *testing.T, m *cm.Message, edit ...func(mad []byte)) []byte {
 // TestCMText pins the CM lines of messages the captures lack (REJ, MRA),
 // a MAD that is not a CM one, and the JSON record of a REQ.
 func TestCMText(t *testing.T) {
+	// As Linux rejects a REQ: its TID, its comm ID as the remote one, 0
+	// as the local one (cm_issue_rej when no one listens; cm_format_rej
+	// for rdma_reject before an MRA); after an MRA the local ID is the
+	// rejecting side's own.
 	rej := cm.Message{Header: cm.NewHeader(cm.AttrREJ, 0x2106c28e6)}
 	rej.REJ = cm.REJFields{RemoteCommID: 0xe6286c10, MessageRejected: cm.MessageREQ, Reason: cm.RejInvalidServiceID}
 	consumer := rej
