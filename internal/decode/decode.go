@@ -1,6 +1,7 @@
 // Package decode is the dissector behind `taproce decode`: one line (or one
 // JSON object) per captured frame, with every RoCEv2 header field and an
-// ICRC check, which Wireshark does not do.
+// ICRC check, which Wireshark does not do. A connection manager MAD (a UD
+// SEND to QP1) is shown by its message's fields instead of the UD SEND's.
 package decode
 
 import (
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/taproce/taproce/appliance/capture"
+	"github.com/taproce/taproce/appliance/cm"
 	"github.com/taproce/taproce/appliance/roce"
 )
 
@@ -61,6 +63,12 @@ type Record struct {
 	AETH      *AETH      `json:"aeth,omitempty"`
 	AtomicAck *uint64    `json:"atomic_orig,omitempty"`
 
+	// CM is the connection manager message of a GSI MAD (a UD SEND to
+	// QP1 with QP1's Q_Key and 256 bytes); MADError says why such a MAD
+	// is not one (another management class, a malformed header).
+	CM       *CM    `json:"cm,omitempty"`
+	MADError string `json:"mad_error,omitempty"`
+
 	// ICRC is "ok" or "bad"; ICRCWant is what the contents call for,
 	// ICRCGot what the frame carries.
 	ICRC     string `json:"icrc,omitempty"`
@@ -100,6 +108,95 @@ type AETH struct {
 	Syndrome string `json:"syndrome"`
 	Raw      uint8  `json:"syndrome_raw"`
 	MSN      uint32 `json:"msn"`
+}
+
+// CM holds a connection manager MAD's key fields (IBA vol. 1 ch. 12).
+// Which are set depends on the attribute: comm IDs for connection
+// messages, the request ID for SIDR; the service ID, with its RDMA CM port
+// space and port, for REQ and SIDR; the QPN (REQ, REP: the sender's;
+// DREQ: the receiver's; SIDR_REP: the service's) and starting PSN; the
+// CMA header's addresses; a REJ's reason, a SIDR_REP's status.
+type CM struct {
+	Attr    string `json:"attr"`
+	Method  string `json:"method"`
+	TID     uint64 `json:"tid"`
+	Summary string `json:"summary"` // the text line's fields
+
+	LocalCommID  *uint32 `json:"local_comm_id,omitempty"`
+	RemoteCommID *uint32 `json:"remote_comm_id,omitempty"`
+	RequestID    *uint32 `json:"request_id,omitempty"`
+	ServiceID    *uint64 `json:"service_id,omitempty"`
+	PortSpace    string  `json:"port_space,omitempty"`
+	Port         *uint16 `json:"port,omitempty"`
+	QPN          *uint32 `json:"qpn,omitempty"`
+	StartingPSN  *uint32 `json:"starting_psn,omitempty"`
+	QKey         *uint32 `json:"qkey,omitempty"`
+	CMASrc       string  `json:"cma_src,omitempty"`
+	CMADst       string  `json:"cma_dst,omitempty"`
+	Reason       string  `json:"reason,omitempty"`
+	ReasonNum    *uint16 `json:"reason_num,omitempty"`
+	SIDRStatus   string  `json:"sidr_status,omitempty"`
+}
+
+// decodeCM fills r.CM or r.MADError from the MAD of a GSI packet.
+func (r *Record) decodeCM(mad []byte) {
+	var m cm.Message
+	if err := cm.Parse(mad, &m); err != nil {
+		r.MADError = err.Error()
+		return
+	}
+	c := &CM{Attr: m.Header.AttrID.String(), Method: m.Header.Method.String(), TID: m.Header.TID, Summary: m.String()}
+	ids := func(l, rc uint32) { c.LocalCommID, c.RemoteCommID = &l, &rc }
+	sid := func(s cm.ServiceID, priv []byte) {
+		v := uint64(s)
+		c.ServiceID = &v
+		ps, ok := s.PortSpace()
+		if !ok {
+			return
+		}
+		port := s.Port()
+		c.PortSpace, c.Port = ps.String(), &port
+		if h, err := cm.ParseCMAHeader(priv); err == nil {
+			c.CMASrc, c.CMADst = h.Src.String(), h.Destination(s).String()
+		}
+	}
+	qpn := func(q uint32) { c.QPN = &q }
+	psn := func(p roce.PSN) { v := uint32(p); c.StartingPSN = &v }
+	switch m.Header.AttrID {
+	case cm.AttrREQ:
+		f := &m.REQ
+		c.LocalCommID = &f.LocalCommID
+		sid(f.ServiceID, f.PrivateData[:])
+		qpn(f.LocalQPN)
+		psn(f.StartingPSN)
+	case cm.AttrREP:
+		ids(m.REP.LocalCommID, m.REP.RemoteCommID)
+		qpn(m.REP.LocalQPN)
+		psn(m.REP.StartingPSN)
+	case cm.AttrRTU:
+		ids(m.RTU.LocalCommID, m.RTU.RemoteCommID)
+	case cm.AttrDREQ:
+		ids(m.DREQ.LocalCommID, m.DREQ.RemoteCommID)
+		qpn(m.DREQ.RemoteQPN)
+	case cm.AttrDREP:
+		ids(m.DREP.LocalCommID, m.DREP.RemoteCommID)
+	case cm.AttrMRA:
+		ids(m.MRA.LocalCommID, m.MRA.RemoteCommID)
+	case cm.AttrREJ:
+		ids(m.REJ.LocalCommID, m.REJ.RemoteCommID)
+		n := uint16(m.REJ.Reason)
+		c.Reason, c.ReasonNum = m.REJ.Reason.String(), &n
+	case cm.AttrSIDRReq:
+		c.RequestID = &m.SIDRReq.RequestID
+		sid(m.SIDRReq.ServiceID, m.SIDRReq.PrivateData[:])
+	case cm.AttrSIDRRep:
+		c.RequestID = &m.SIDRRep.RequestID
+		sid(m.SIDRRep.ServiceID, nil)
+		qpn(m.SIDRRep.QPN)
+		c.QKey = &m.SIDRRep.QKey
+		c.SIDRStatus = m.SIDRRep.Status.String()
+	}
+	r.CM = c
 }
 
 // Bad reports whether the record is a RoCE frame that failed to parse or
@@ -153,6 +250,9 @@ func Decode(n int, ts time.Time, data []byte) Record {
 	}
 	if info.Has(roce.HasAtomicAckETH) {
 		r.AtomicAck = &p.AtomicAck
+	}
+	if cm.IsGSI(&p) {
+		r.decodeCM(p.Payload(data))
 	}
 	r.ICRCWant, r.ICRCGot = p.ComputeICRC(data), p.ICRC
 	r.ICRC = "ok"
@@ -233,6 +333,11 @@ func (r *Record) Text() string {
 		fmt.Fprintf(&b, " error: %s", r.Error)
 		return b.String()
 	}
+	if r.CM != nil {
+		fmt.Fprintf(&b, " %s > %s CM %s", hostPort(r.Src, r.SrcPort), hostPort(r.Dst, r.DstPort), r.CM.Summary)
+		r.writeICRC(&b)
+		return b.String()
+	}
 	fmt.Fprintf(&b, " %s > %s %s qp=0x%06x psn=%d", hostPort(r.Src, r.SrcPort), hostPort(r.Dst, r.DstPort), r.Opcode, r.DestQP, r.PSN)
 	flag := func(on bool, s string) {
 		if on {
@@ -279,12 +384,20 @@ func (r *Record) Text() string {
 	if r.PadCount != 0 {
 		fmt.Fprintf(&b, " pad=%d", r.PadCount)
 	}
+	if r.MADError != "" {
+		fmt.Fprintf(&b, " mad_error=%q", r.MADError)
+	}
+	r.writeICRC(&b)
+	return b.String()
+}
+
+// writeICRC ends a line with the ICRC check.
+func (r *Record) writeICRC(b *strings.Builder) {
 	if r.ICRC == "ok" {
 		b.WriteString(" icrc=ok")
 	} else {
-		fmt.Fprintf(&b, " icrc=BAD(want 0x%08x got 0x%08x)", r.ICRCWant, r.ICRCGot)
+		fmt.Fprintf(b, " icrc=BAD(want 0x%08x got 0x%08x)", r.ICRCWant, r.ICRCGot)
 	}
-	return b.String()
 }
 
 // Stats counts what a capture held.

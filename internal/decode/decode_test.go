@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/taproce/taproce/appliance/capture"
+	"github.com/taproce/taproce/appliance/cm"
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/internal/testvectors"
 )
@@ -206,6 +207,156 @@ func TestVectors(t *testing.T) {
 		if strings.Contains(out.String(), ":4791 skipped") || strings.Contains(out.String(), "icrc=BAD") {
 			t.Errorf("%s: RoCE frame skipped or bad:\n%s", f.Name, out.String())
 		}
+	}
+}
+
+// cmLines are the text lines of the rxe captures' CM MADs, checked against
+// Wireshark's dissection and the data packets in appliance/cm's tests.
+var cmLines = map[string][]string{
+	"rxe-cm-rping.pcap": {
+		"1 10.99.0.2:55410 > 10.99.0.3:4791 CM REQ tid=0x00000002106c28e6 lcid=0xe6286c10 sid=0x0000000001061c06(TCP:7174) qpn=0x00001f start_psn=1461740 RC mtu=1024 resp_res=1 init_depth=1 cm_timeout=20/20 retry=7 rnr_retry=7 max_cm_retries=15 gid=10.99.0.2>10.99.0.3 flow_label=0x1b190 hop_limit=64 tclass=0 ack_timeout=19 guid=0x505400fffe630002 cma=10.99.0.2:37174>10.99.0.3:7174 icrc=ok",
+		"2 10.99.0.3:55410 > 10.99.0.2:4791 CM REP tid=0x00000002106c28e6 lcid=0xc2ebc219 rcid=0xe6286c10 qpn=0x00001f start_psn=15659431 resp_res=1 init_depth=1 ack_delay=15 rnr_retry=7 guid=0x505400fffe630003 icrc=ok",
+		"3 10.99.0.2:55410 > 10.99.0.3:4791 CM RTU tid=0x00000002106c28e6 lcid=0xe6286c10 rcid=0xc2ebc219 icrc=ok",
+		"40 10.99.0.2:55410 > 10.99.0.3:4791 CM DREQ tid=0x00000002106c28e6 lcid=0xe6286c10 rcid=0xc2ebc219 qpn=0x00001f icrc=ok",
+		"41 10.99.0.3:55410 > 10.99.0.2:4791 CM DREP tid=0x00000002106c28e6 lcid=0xc2ebc219 rcid=0xe6286c10 icrc=ok",
+	},
+	"rxe-cm-udaddy.pcap": {
+		"1 10.99.0.2:55410 > 10.99.0.3:4791 CM SIDR_REQ tid=0x00000002106c28e7 req_id=0xe7286c10 sid=0x0000000001111c06(UDP:7174) cma=10.99.0.2:39759>10.99.0.3:7174 icrc=ok",
+		"2 10.99.0.3:55410 > 10.99.0.2:4791 CM SIDR_REP tid=0x00000002106c28e7 req_id=0xe7286c10 status=SUCCESS qpn=0x000020 qkey=0x01234567 sid=0x0000000001111c06(UDP:7174) icrc=ok",
+	},
+	"rxe-cm-write-bw.pcap": {
+		"1 10.99.0.2:55410 > 10.99.0.3:4791 CM REQ tid=0x00000002106c28e4 lcid=0xe4286c10 sid=0x0000000001064853(TCP:18515) qpn=0x00001d start_psn=11365037 RC mtu=1024 resp_res=0 init_depth=0 cm_timeout=20/20 retry=7 rnr_retry=7 max_cm_retries=15 gid=10.99.0.2>10.99.0.3 flow_label=0x1a01b hop_limit=64 tclass=0 ack_timeout=19 guid=0x505400fffe630002 cma=10.99.0.2:36664>10.99.0.3:18515 icrc=ok",
+		"2 10.99.0.3:55410 > 10.99.0.2:4791 CM REP tid=0x00000002106c28e4 lcid=0xc6ebc219 rcid=0xe4286c10 qpn=0x00001d start_psn=12413049 resp_res=0 init_depth=0 ack_delay=15 rnr_retry=7 guid=0x505400fffe630003 icrc=ok",
+		"3 10.99.0.2:55410 > 10.99.0.3:4791 CM RTU tid=0x00000002106c28e4 lcid=0xe4286c10 rcid=0xc6ebc219 icrc=ok",
+		"24 10.99.0.2:55410 > 10.99.0.3:4791 CM REQ tid=0x00000002106c28e5 lcid=0xe5286c10 sid=0x0000000001064853(TCP:18515) qpn=0x00001e start_psn=9188929 RC mtu=1024 resp_res=0 init_depth=0 cm_timeout=20/20 retry=7 rnr_retry=7 max_cm_retries=15 gid=10.99.0.2>10.99.0.3 flow_label=0x9daa7 hop_limit=64 tclass=0 ack_timeout=19 guid=0x505400fffe630002 cma=10.99.0.2:54060>10.99.0.3:18515 icrc=ok",
+		"25 10.99.0.3:55410 > 10.99.0.2:4791 CM REP tid=0x00000002106c28e5 lcid=0xc4ebc219 rcid=0xe5286c10 qpn=0x00001e start_psn=1739536 resp_res=0 init_depth=0 ack_delay=15 rnr_retry=7 guid=0x505400fffe630003 icrc=ok",
+		"26 10.99.0.2:55410 > 10.99.0.3:4791 CM RTU tid=0x00000002106c28e5 lcid=0xe5286c10 rcid=0xc4ebc219 icrc=ok",
+		"81 10.99.0.2:55410 > 10.99.0.3:4791 CM DREQ tid=0x00000002106c28e5 lcid=0xe5286c10 rcid=0xc4ebc219 qpn=0x00001e icrc=ok",
+		"82 10.99.0.3:55410 > 10.99.0.2:4791 CM DREQ tid=0x0000000219c2ebc4 lcid=0xc4ebc219 rcid=0xe5286c10 qpn=0x00001e icrc=ok",
+		"83 10.99.0.3:55410 > 10.99.0.2:4791 CM DREP tid=0x00000002106c28e5 lcid=0xc4ebc219 rcid=0xe5286c10 icrc=ok",
+		"84 10.99.0.3:55410 > 10.99.0.2:4791 CM DREQ tid=0x0000000219c2ebc6 lcid=0xc6ebc219 rcid=0xe4286c10 qpn=0x00001d icrc=ok",
+		"85 10.99.0.2:55410 > 10.99.0.3:4791 CM DREP tid=0x0000000219c2ebc6 lcid=0xe4286c10 rcid=0xc6ebc219 icrc=ok",
+	},
+}
+
+// TestCMVectors decodes the rxe captures of the RDMA CM: every CM MAD is
+// a CM line with its fields, every other frame the usual line.
+func TestCMVectors(t *testing.T) {
+	seen := 0
+	for _, f := range testvectors.Files(t) {
+		want, ok := cmLines[f.Name]
+		if !ok {
+			continue
+		}
+		seen++
+		var out bytes.Buffer
+		if _, err := File(&out, f.Path, Options{}); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+			if strings.Contains(l, " CM ") {
+				got = append(got, l)
+			} else if strings.Contains(l, "qp=0x000001 ") || strings.Contains(l, "mad_error") {
+				t.Errorf("%s: a MAD not decoded as CM: %s", f.Name, l)
+			}
+		}
+		if len(got) != len(want) {
+			t.Errorf("%s: %d CM lines, want %d:\n%s", f.Name, len(got), len(want), strings.Join(got, "\n"))
+			continue
+		}
+		for i := range got {
+			if got[i] != want[i] {
+				t.Errorf("%s:\n got %s\nwant %s", f.Name, got[i], want[i])
+			}
+		}
+	}
+	if seen != len(cmLines) {
+		t.Errorf("found %d of the %d CM captures", seen, len(cmLines))
+	}
+}
+
+// gsiFrame builds a UD SEND to QP1 carrying the MAD of m, changed by edit
+// if it is not nil.
+func gsiFrame(t *testing.T, m *cm.Message, edit ...func(mad []byte)) []byte {
+	t.Helper()
+	mad := make([]byte, cm.MADLen)
+	if _, err := m.Encode(mad); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range edit {
+		e(mad)
+	}
+	p := basePacket(roce.UDSendOnly)
+	p.BTH.DestQP = cm.GSIQPN
+	p.DETH = roce.DETHFields{QKey: cm.GSIQKey, SrcQP: cm.GSIQPN}
+	return buildFrame(t, p, mad)
+}
+
+// TestCMText pins the CM lines of messages the captures lack (REJ, MRA),
+// a MAD that is not a CM one, and the JSON record of a REQ.
+func TestCMText(t *testing.T) {
+	// As Linux rejects a REQ: its TID, its comm ID as the remote one, 0
+	// as the local one (cm_issue_rej when no one listens; cm_format_rej
+	// for rdma_reject before an MRA); after an MRA the local ID is the
+	// rejecting side's own.
+	rej := cm.Message{Header: cm.NewHeader(cm.AttrREJ, 0x2106c28e6)}
+	rej.REJ = cm.REJFields{RemoteCommID: 0xe6286c10, MessageRejected: cm.MessageREQ, Reason: cm.RejInvalidServiceID}
+	consumer := rej
+	consumer.REJ.LocalCommID, consumer.REJ.Reason = 0xc2ebc219, cm.RejConsumerDefined
+	mra := cm.Message{Header: cm.NewHeader(cm.AttrMRA, 7)}
+	mra.MRA = cm.MRAFields{LocalCommID: 1, RemoteCommID: 2, MessageMRAed: cm.MessageREQ, ServiceTimeout: 24}
+	req := cm.Message{Header: cm.NewHeader(cm.AttrREQ, 9)}
+	req.REQ = cm.REQFields{LocalCommID: 0x11, ServiceID: cm.RDMAServiceID(cm.PortSpaceTCP, 7471), LocalQPN: 0x123, StartingPSN: 99,
+		PathMTU: 5, PKey: 0xffff, TransportServiceType: cm.TransportUC}
+	h := cm.CMAHeader{Src: netip.MustParseAddrPort("[fd00::1]:40000"), Dst: netip.MustParseAddr("fd00::2")}
+	if err := h.Encode(req.REQ.PrivateData[:]); err != nil {
+		t.Fatal(err)
+	}
+	v1 := gsiFrame(t, &mra, func(mad []byte) { mad[2] = 1 }) // the class version
+
+	for _, c := range []struct {
+		frame []byte
+		want  string
+	}{
+		{gsiFrame(t, &rej), "1 10.55.0.1:49593 > 10.55.0.2:4791 CM REJ tid=0x00000002106c28e6 lcid=0x00000000 rcid=0xe6286c10 rejected=REQ reason=INVALID_SERVICE_ID(8) icrc=ok"},
+		{gsiFrame(t, &consumer), "1 10.55.0.1:49593 > 10.55.0.2:4791 CM REJ tid=0x00000002106c28e6 lcid=0xc2ebc219 rcid=0xe6286c10 rejected=REQ reason=CONSUMER_DEFINED(28) icrc=ok"},
+		{gsiFrame(t, &mra), "1 10.55.0.1:49593 > 10.55.0.2:4791 CM MRA tid=0x0000000000000007 lcid=0x00000001 rcid=0x00000002 mraed=REQ service_timeout=24 icrc=ok"},
+		{gsiFrame(t, &req), "1 10.55.0.1:49593 > 10.55.0.2:4791 CM REQ tid=0x0000000000000009 lcid=0x00000011 sid=0x0000000001061d2f(TCP:7471) qpn=0x000123 start_psn=99 UC mtu=4096 resp_res=0 init_depth=0 cm_timeout=0/0 retry=0 rnr_retry=0 max_cm_retries=0 gid=::>:: flow_label=0x00000 hop_limit=0 tclass=0 ack_timeout=0 guid=0x0000000000000000 cma=[fd00::1]:40000>[fd00::2]:7471 icrc=ok"},
+	} {
+		r := Decode(1, time.Time{}, c.frame)
+		if got := r.Text(); got != c.want {
+			t.Errorf("\n got %s\nwant %s", got, c.want)
+		}
+	}
+
+	// A MAD of the wrong class version: the UD SEND line, saying why.
+	r := Decode(1, time.Time{}, v1)
+	want := "1 10.55.0.1:49593 > 10.55.0.2:4791 UD_SEND_ONLY qp=0x000001 psn=100 ackreq qkey=0x80010000 srcqp=0x000001 len=256 mad_error=\"cm: unsupported CM class version 1\" icrc=ok"
+	if got := r.Text(); got != want || r.Bad() {
+		t.Errorf("\n got %s\nwant %s (bad %v)", got, want, r.Bad())
+	}
+
+	var out bytes.Buffer
+	if _, err := File(&out, writeCapture(t, gsiFrame(t, &req), gsiFrame(t, &rej)), Options{JSON: true}); err != nil {
+		t.Fatal(err)
+	}
+	var recs []Record
+	for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var rec Record
+		if err := json.Unmarshal([]byte(l), &rec); err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, rec)
+	}
+	c := recs[0].CM
+	if c == nil || c.Attr != "REQ" || c.Method != "Send" || *c.LocalCommID != 0x11 || *c.ServiceID != 0x0000000001061d2f ||
+		c.PortSpace != "TCP" || *c.Port != 7471 || *c.QPN != 0x123 || *c.StartingPSN != 99 ||
+		c.CMASrc != "[fd00::1]:40000" || c.CMADst != "[fd00::2]:7471" || recs[0].Opcode != "UD_SEND_ONLY" {
+		t.Errorf("REQ record %+v", c)
+	}
+	if c := recs[1].CM; c == nil || c.Reason != "INVALID_SERVICE_ID" || *c.ReasonNum != 8 || *c.RemoteCommID != 0xe6286c10 {
+		t.Errorf("REJ record %+v", c)
 	}
 }
 
