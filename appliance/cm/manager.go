@@ -175,8 +175,9 @@ func (m *Manager) unlock() {
 		return
 	}
 	m.flushing = true
+	done := false
 	defer func() {
-		if m.flushing { // a panic in Wire or Events
+		if !done { // a panic in Wire or Events, with the lock released
 			m.mu.Lock()
 			m.flushing = false
 			m.mu.Unlock()
@@ -194,7 +195,7 @@ func (m *Manager) unlock() {
 		}
 		m.mu.Lock()
 	}
-	m.flushing = false
+	m.flushing, done = false, true
 	m.mu.Unlock()
 }
 
