@@ -507,6 +507,30 @@ func (m *Manager) Destroy(id ID) error {
 	return nil
 }
 
+// Drop forgets a request handed up and not yet answered without
+// answering it, as Linux's CM does when the RDMA CM's handler fails for
+// want of memory — ucma's, when its backlog of unread events is full —
+// "to allow future retries": the peer sends its REQ again and it comes
+// up as a new request. A SIDR_REQ is refused all the same (SIDR_REP
+// status REJECT), as Linux's CM refuses it. Other states: ErrState.
+func (m *Manager) Drop(id ID) error {
+	m.mu.Lock()
+	defer m.unlock()
+	c, err := m.conn(id)
+	if err != nil {
+		return err
+	}
+	switch c.state {
+	case StateMRAReqSent:
+		m.destroyConn(c)
+	case StateSIDRReqRcvd:
+		m.destroy(c)
+	default:
+		return stateErr(c, "drop")
+	}
+	return nil
+}
+
 // CloseOwner destroys every ID of owner — its listeners first, so that
 // no request reaches them meanwhile — as when the process holding them
 // died: the peers see REJs and DREQs. It returns how many IDs it

@@ -90,7 +90,7 @@ func (f *fuzzWorld) owner(n *node, which, what byte) {
 	if n == f.b {
 		owner, peer = ownB, addrA
 	}
-	switch what % 8 {
+	switch what % 9 {
 	case 0:
 		_ = n.m.Accept(id, acceptParams(0x300+uint32(what)))
 	case 1:
@@ -116,6 +116,8 @@ func (f *fuzzWorld) owner(n *node, which, what byte) {
 		}
 	case 7:
 		_, _ = n.m.Info(id)
+	case 8:
+		_ = n.m.Drop(id)
 	}
 }
 

@@ -22,7 +22,10 @@ type Config struct {
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 	// GUID is the port's CA GUID, the REQ's and REP's Local CA GUID
-	// (Linux's node GUID; rxe derives it from the MAC).
+	// (Linux's node GUID; rxe derives it from the MAC, EUI-64 style). It
+	// must not be 0 and should be unique: peers find their connections
+	// by it and the communication ID or QPN (duplicate and stale
+	// connection detection), as Linux's CM does.
 	GUID uint64
 	// Seed, when not 0, seeds the communication IDs and transaction IDs,
 	// so that a test sees the same ones every run; 0 seeds them from
@@ -120,6 +123,9 @@ type listener struct {
 func New(cfg Config) (*Manager, error) {
 	if cfg.Wire == nil {
 		return nil, fmt.Errorf("%w: no Wire", ErrInvalid)
+	}
+	if cfg.GUID == 0 {
+		return nil, fmt.Errorf("%w: no CA GUID", ErrInvalid)
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now

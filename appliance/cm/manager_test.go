@@ -522,6 +522,41 @@ func rawREQ(t testing.TB, src netip.Addr, port uint16, id, qpn uint32, guid uint
 	return b
 }
 
+// TestDrop: a request the owner drops (its queue full, as ucma's
+// backlog) gets no answer; the peer's REQ comes again after 6.144 s and
+// up as a new request, which the owner accepts.
+func TestDrop(t *testing.T) {
+	w, a, b, lid := pair(t, 18)
+	dropped := false
+	b.on = func(n *node, e cm.Event) {
+		if e.Type == cm.EventConnectRequest && !dropped {
+			dropped = true
+			if err := n.m.Drop(e.ID); err != nil {
+				t.Error(err)
+			}
+			return
+		}
+		serve(false)(n, e)
+	}
+	start := w.clk.now
+	aid, bid := connect(t, w, a, b, 1)
+	if d := w.clk.now.Sub(start); d != 6144*time.Millisecond {
+		t.Errorf("established after %v", d)
+	}
+	if n := len(b.eventsOf(cm.EventConnectRequest)); n != 2 || w.count(cm.AttrREJ, addrB) != 0 || w.count(cm.AttrMRA, addrB) != 0 {
+		t.Errorf("%d requests; sent %v", n, w.sentAttrs())
+	}
+	if err := b.m.Drop(bid); !errors.Is(err, cm.ErrState) {
+		t.Errorf("Drop of an established ID: %v", err)
+	}
+	_ = a.m.Destroy(aid)
+	w.deliver()
+	_ = b.m.Destroy(bid)
+	_ = b.m.Destroy(lid)
+	w.run(time.Minute, nil)
+	w.empty()
+}
+
 // TestREQFlood: a peer floods REQs. A listener's backlog holds as many
 // as it allows and drops the rest silently, for the peer to send again,
 // as Linux's ucma does; repeats of those held get MRAs; the manager's
