@@ -404,7 +404,8 @@ func (m *Manager) Accept(id ID, p AcceptParams) error {
 // Reject refuses a ConnectRequest — a REJ with reason 28 (consumer
 // defined) and the private data, or for UD a SIDR_REP with status
 // REJECT — or, on the active side, a ConnectResponse (the REJ Linux's
-// RDMA CM sends when it cannot move its QP). The ID moves to StateIdle.
+// RDMA CM sends when it cannot move its QP). The ID moves to StateIdle,
+// or to TimeWait when its REP was out.
 func (m *Manager) Reject(id ID, private []byte) error {
 	m.mu.Lock()
 	defer m.unlock()

@@ -557,6 +557,60 @@ func TestDrop(t *testing.T) {
 	w.empty()
 }
 
+// TestRepeatedREQ: a REQ repeated once the REP is out is ignored and
+// counted (Linux's cm_dup_req_handler answers only while the request
+// waits for its consumer): the REP's own timer answers it.
+func TestRepeatedREQ(t *testing.T) {
+	w, a, b, lid := pair(t, 20)
+	a.on = nil
+	id, err := a.m.Connect(ownA, connectParams(addrA, addrB, 7174, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.deliver()
+	req := w.sent[0]
+	b.m.Receive(req.src, req.dst, req.mad[:])
+	w.deliver()
+	dup, _ := cm.AttrIndex(cm.AttrREQ)
+	if n := b.m.Stats().Duplicates[dup]; n != 1 || len(w.sent) != 2 || len(b.events) != 1 {
+		t.Errorf("%d duplicates; sent %v; events %+v", n, w.sentAttrs(), b.events)
+	}
+	_ = a.m.Destroy(id)
+	w.deliver()
+	b.m.CloseOwner(ownB)
+	_ = lid
+	w.empty()
+}
+
+// TestStaleConnection: a REQ from a QP that already has a connection
+// here (its peer lost it without a DREQ reaching us) is stale: REJ 10,
+// and the old connection is disconnected with a DREQ, as Linux's
+// cm_match_req does.
+func TestStaleConnection(t *testing.T) {
+	w, a, b, lid := pair(t, 21)
+	aid, bid := connect(t, w, a, b, 0x11)
+	b.m.Receive(addrA, addrB, rawREQ(t, addrA, 7174, 0x5555, 0x11, guidA))
+	w.hold = true
+	w.deliver()
+	if rej := w.last(cm.AttrREJ); rej.REJ.Reason != cm.RejStaleConn || rej.REJ.RemoteCommID != 0x5555 || rej.REJ.MessageRejected != cm.MessageREQ {
+		t.Errorf("REJ %v", &rej)
+	}
+	if b.state(bid) != cm.StateDreqSent || len(b.eventsOf(cm.EventConnectRequest)) != 1 {
+		t.Errorf("old connection in %v; events %+v", b.state(bid), b.events)
+	}
+	w.hold = false
+	w.inflight = w.inflight[1:] // the REJ goes to a peer that never sent the REQ
+	a.on = serve(true)
+	w.run(time.Minute, nil)
+	if b.state(bid) != cm.StateIdle || len(a.eventsOf(cm.EventDisconnected)) != 1 {
+		t.Errorf("old connection in %v; A's events %+v", b.state(bid), a.events)
+	}
+	_ = aid
+	_ = b.m.Destroy(bid)
+	_ = b.m.Destroy(lid)
+	w.empty()
+}
+
 // TestREQFlood: a peer floods REQs. A listener's backlog holds as many
 // as it allows and drops the rest silently, for the peer to send again,
 // as Linux's ucma does; repeats of those held get MRAs; the manager's
@@ -878,6 +932,45 @@ func TestTimers(t *testing.T) {
 		for _, e := range b.eventsOf(cm.EventConnectRequest) {
 			_ = b.m.Destroy(e.ID)
 		}
+		_ = b.m.Destroy(lid)
+		w.run(time.Minute, nil)
+		w.empty()
+	})
+	t.Run("REP MRAed", func(t *testing.T) {
+		// The library has not handled the reply when the REP comes
+		// again: the MRA Linux's RDMA CM owes it stretches the REP's
+		// wait.
+		w, a, b, lid := pair(t, 19)
+		a.on = nil
+		id, err := a.m.Connect(ownA, connectParams(addrA, addrB, 7174, 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.deliver()
+		bid := b.events[0].ID
+		start := w.clk.now
+		w.run(time.Hour, func() bool { return b.state(bid) == cm.StateMRARepRcvd })
+		if d := w.clk.now.Sub(start); d != 4096*time.Millisecond {
+			t.Errorf("MRA after %v", d)
+		}
+		if mra := w.last(cm.AttrMRA); mra.MRA.MessageMRAed != cm.MessageREP || mra.MRA.ServiceTimeout != cm.MRAServiceTimeout {
+			t.Errorf("MRA %v", &mra)
+		}
+		mraAt := w.clk.now
+		w.run(time.Hour, func() bool { return w.count(cm.AttrREP, addrB) == 3 })
+		if d := w.clk.now.Sub(mraAt); d != (65536+2048)*time.Millisecond {
+			t.Errorf("REP again %v after the MRA", d)
+		}
+		if err := a.m.Establish(id, nil); err != nil {
+			t.Fatal(err)
+		}
+		w.deliver()
+		if b.state(bid) != cm.StateEstablished {
+			t.Errorf("B in %v", b.state(bid))
+		}
+		_ = a.m.Destroy(id)
+		w.deliver()
+		_ = b.m.Destroy(bid)
 		_ = b.m.Destroy(lid)
 		w.run(time.Minute, nil)
 		w.empty()
