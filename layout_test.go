@@ -71,6 +71,9 @@ func TestLayout(t *testing.T) {
 		{"the transport knows the wire format and the ABI", "appliance/transport", true, func(p string) bool {
 			return p == "appliance/roce" || p == "verbs/abi"
 		}},
+		{"the connection manager knows the wire format only", "appliance/cm", true, func(p string) bool {
+			return p == "appliance/roce"
+		}},
 		{"the configuration knows no part of the appliance", "config", true, func(p string) bool {
 			return !under(p, "appliance")
 		}},
