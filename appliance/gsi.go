@@ -13,7 +13,7 @@ import (
 	"github.com/taproce/taproce/appliance/transport"
 )
 
-// A NIC's QP1 (the GSI, IBA 13.4) is its engine's (transport.GSIHandler,
+// A NIC's QP1 (the GSI, IBA 13.5) is its engine's (transport.GSIHandler,
 // transport.Engine.SendMAD): the NIC gives the port's connection manager
 // the MADs that arrive (SetGSI) and sends the manager's, finding the
 // destination's MAC as it finds a QP's — the NIC's on the local switch,

@@ -7,7 +7,7 @@ import (
 	"github.com/taproce/taproce/appliance/roce"
 )
 
-// QP1, the general services interface (GSI, IBA 13.4), belongs to the
+// QP1, the general services interface (GSI, IBA 13.5), belongs to the
 // engine: it is no QP a client creates, and the engine hands what arrives
 // for it to a GSIHandler — the port's connection manager — and sends
 // what that manager gives it (Engine.SendMAD) through the same Output as
@@ -18,16 +18,15 @@ import (
 // Linux rxe is the model. A packet to QP 1 reaches the MAD layer (ib_mad)
 // when rxe_recv.c's hdr_check passes it: check_type_state wants a UD
 // opcode of the GSI QP (SEND ONLY, with or without immediate data: the
-// only UD opcodes, IBA 9.8.3), check_addr checks nothing of a datagram
-// QP, and check_keys wants the P_Key in the default partition
-// (pkey_match against IB_DEFAULT_PKEY_FULL, as for every QP) and, for
-// QP 1, the Q_Key GSI_QKEY, 0x80010000 (IBA 10.2.5, 13.5.3.1); a
-// failure counts in the port's bad P_Key or Q_Key violation counters. The
-// MAD layer posts receive buffers of a GRH and one MAD, 256 bytes (IBA
-// 13.4.2, 13.4.4: a MAD's datagram is exactly 256 bytes), so rxe
-// completes a longer payload with a length error, which ib_mad_recv_done
-// drops; a shorter one it would pass on with the rest of the buffer stale,
-// which no MAD is, so the engine drops both. What a MAD says (its
+// only UD opcodes, IBA 9.2), check_addr checks nothing of a datagram QP,
+// and check_keys wants the P_Key in the default partition (pkey_match
+// against IB_DEFAULT_PKEY_FULL, as for every QP) and, for QP 1, the Q_Key
+// GSI_QKEY, 0x80010000 (IBA 10.2.5, 13.5); a failure counts in the port's
+// bad P_Key or Q_Key violation counters. The MAD layer posts receive
+// buffers of a GRH and one MAD (IBA 13.4.2: a MAD is exactly 256 bytes),
+// so rxe completes a longer payload with a length error, which
+// ib_mad_recv_done drops; a shorter one it would pass on with the rest of
+// the buffer stale, which no MAD is, so the engine drops both. What a MAD says (its
 // version, class and method: validate_mad) is for the manager to judge.
 //
 // rxe sends a MAD as the GSI QP's UD SEND ONLY (rxe_req.c
@@ -52,7 +51,7 @@ import (
 const MADSize = 256
 
 // GSIQPN is the number of QP1, the general services interface (IBA
-// 13.4.1).
+// 13.5).
 const GSIQPN = 1
 
 // gsiSourcePort is the UDP source port of every MAD, as rxe's GSI QP has
