@@ -57,8 +57,8 @@ var ErrMADQueueFull = errors.New("appliance: too many MADs wait for address reso
 
 // maxPendingMADs bounds the MADs a NIC holds while it resolves their
 // destinations; madResolveTimeout bounds one resolution, longer than the
-// station's own (three requests a second apart) and the redirect
-// resolver's (transport's 5 s).
+// station's own (three requests a second apart) and than a redirected
+// port's (redirect.DefaultResolveTimeout, 5 s).
 const (
 	maxPendingMADs    = 256
 	madResolveTimeout = 6 * time.Second
