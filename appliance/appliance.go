@@ -225,6 +225,7 @@ func (a *Appliance) AddPortOn(dev tap.Device, cfg PortConfig) (*NIC, error) {
 	if err != nil {
 		return nil, err
 	}
+	n.netns = ino
 	a.mu.Lock()
 	if a.closed { // closed meanwhile: its loop no longer polls
 		a.mu.Unlock()

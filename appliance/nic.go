@@ -34,6 +34,8 @@ type NIC struct {
 	once   sync.Once
 	ticks  atomic.Uint64 // the tick loop's Tick calls
 	unhold func()        // takes the engine's held acknowledgements off a blocking loop
+	mads   madQueue      // MADs waiting for their destinations' MACs (SendMAD)
+	netns  uint64        // the inode of the port's namespace, when an Appliance made the NIC
 }
 
 // localItem is a batch of frames crossing the local switch; refs, when
@@ -73,6 +75,7 @@ func NewNIC(name string, dev tap.Device, cfg PortConfig, sw *Switch) (*NIC, erro
 
 func (n *NIC) start(p *Port) {
 	n.port = p
+	n.mads.init()
 	cfg := transport.Config{MAC: p.MAC(), GIDs: p.Station().GIDs(), MTU: p.Device().MTU(), Out: nicOutput{n},
 		Local: func(a netip.Addr) bool { return n.route(a) != nil }, AckDelay: p.cfg.AckDelay}
 	e := transport.NewEngine(cfg)
@@ -138,6 +141,7 @@ func (n *NIC) Close() error {
 			n.sw.leave(n)
 		}
 		close(n.stop)
+		n.mads.close()
 		err = n.port.Close()
 		n.wg.Wait()
 		if n.unhold != nil {

@@ -2,8 +2,10 @@
 // format. The Collector reads them when scraped — the ports' frame and
 // byte counters, their stations' drops by reason, their impairments,
 // their transports' packets, rejections by reason, retransmissions,
-// timeouts, NAKs and duplicates, and the control server's clients and objects — so nothing
-// runs between scrapes and a port that goes away takes its series with it.
+// timeouts, NAKs and duplicates, the MADs of their QP1 (the GSI) received,
+// sent and dropped by reason, and the control server's clients and
+// objects — so nothing runs between scrapes and a port that goes away
+// takes its series with it.
 //
 // Every per-port series has two labels: device, the verbs device name
 // (taproce0), and port, the port's namespace (or attachment ID) and TAP
@@ -84,6 +86,9 @@ var (
 	descRNRNAKs      = transportDesc("rnr_naks_total", "Receiver-not-ready NAKs, by direction.", "direction")
 	descDupRequests  = transportDesc("duplicate_requests_total", "Request packets the responder had already executed, answered again.")
 	descDupResponses = transportDesc("duplicate_responses_total", "Acknowledgements and responses the completer had already seen.")
+	descGSIReceived  = transportDesc("gsi_mads_received_total", "MADs (IBA 13.4) QP1 received and handed to the port's connection manager.")
+	descGSISent      = transportDesc("gsi_mads_sent_total", "MADs QP1 sent.")
+	descGSIDropped   = transportDesc("gsi_mads_dropped_total", "MADs QP1 dropped, by direction and reason: received (also in packets_dropped_total) — no_handler (no connection manager), opcode (not a UD SEND), pkey (P_Key outside the default partition), qkey (not the GSI Q_Key 0x80010000), length (not 256 bytes), as rxe's checks and its MAD layer's receive buffer drop them; sent — queue_full (too many waited for address resolution), unresolved (the destination's MAC did not resolve), invalid (a MAD or address the transport refused).", "direction", "reason")
 
 	descPorts       = globalDesc("ports", "Ports (verbs devices) of the appliance.")
 	descClients     = globalDesc("clients", "Clients connected to the control socket.")
@@ -103,6 +108,7 @@ var (
 	allDescs = []*prometheus.Desc{
 		descRxFrames, descRxBytes, descTxFrames, descTxBytes, descRxErrors, descTxErrors, descDelivered, descDrops, descImpair, descMTU,
 		descSent, descReceived, descDropped, descRejected, descRetransmits, descTimeouts, descNAKs, descRNRNAKs, descDupRequests, descDupResponses,
+		descGSIReceived, descGSISent, descGSIDropped,
 		descPorts, descClients, descPDs, descMRs, descMRBytes, descCQs, descQPs, descSRQs, descAHs, descChannels, descClientFds,
 		descRefused, descSwitch, descAttachments,
 	}
@@ -176,6 +182,14 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descRNRNAKs, t.RNRNAKsReceived, dev, port, "received")
 		counter(descDupRequests, t.DuplicateRequests, dev, port)
 		counter(descDupResponses, t.DuplicateResponses, dev, port)
+		counter(descGSIReceived, t.GSIReceived, dev, port)
+		counter(descGSISent, t.GSISent, dev, port)
+		for r, v := range t.GSIDropped {
+			counter(descGSIDropped, v, dev, port, "received", transport.GSIDropReason(r).String())
+		}
+		for r, v := range n.GSIStats().Dropped {
+			counter(descGSIDropped, v, dev, port, "sent", appliance.MADDropReason(r).String())
+		}
 	}
 	gauge(descPorts, float64(len(nics)))
 	st := c.app.Control().Stats()

@@ -14,6 +14,7 @@ import (
 	"github.com/taproce/taproce/appliance"
 	"github.com/taproce/taproce/appliance/control"
 	"github.com/taproce/taproce/appliance/metrics"
+	"github.com/taproce/taproce/appliance/transport"
 	"github.com/taproce/taproce/internal/impair"
 	"github.com/taproce/taproce/tap"
 )
@@ -81,6 +82,12 @@ func TestCollector(t *testing.T) {
 		`taproce_transport_packets_rejected_total{` + devA + `,reason="address"} 0`,
 		`taproce_transport_packets_rejected_total{` + devA + `,reason="pkey"} 0`,
 		`taproce_transport_packets_rejected_total{` + devA + `,reason="qkey"} 0`,
+		"taproce_transport_gsi_mads_received_total{" + devA + "} 0",
+		"taproce_transport_gsi_mads_sent_total{" + devA + "} 0",
+		`taproce_transport_gsi_mads_dropped_total{device="taproce0",direction="received",port="nsa/` + a.Name() + `",reason="no_handler"} 0`,
+		`taproce_transport_gsi_mads_dropped_total{device="taproce0",direction="received",port="nsa/` + a.Name() + `",reason="length"} 0`,
+		`taproce_transport_gsi_mads_dropped_total{device="taproce0",direction="sent",port="nsa/` + a.Name() + `",reason="queue_full"} 0`,
+		`taproce_transport_gsi_mads_dropped_total{device="taproce0",direction="sent",port="nsa/` + a.Name() + `",reason="unresolved"} 0`,
 		"taproce_ports 2",
 		"taproce_clients 0",
 		"taproce_qps 0",
@@ -116,6 +123,27 @@ func TestCollector(t *testing.T) {
 	text = scrape(t, h)
 	if strings.Contains(text, "taproce_port_tx_frames_total{"+devA+"} 0\n") || strings.Contains(text, "taproce_port_rx_frames_total{"+devA+"} 0\n") {
 		t.Errorf("counters did not move:\n%s", grep(text, devA))
+	}
+
+	// A MAD from taproce0 to taproce1, which has no connection manager,
+	// crosses the local switch and is dropped there; one of the wrong size
+	// is refused.
+	nics := app.NICs()
+	if err := nics[0].SendMAD(netip.Addr{}, netip.AddrFrom4([4]byte{10, 66, 0, 2}), make([]byte, transport.MADSize)); err != nil {
+		t.Fatal(err)
+	}
+	_ = nics[0].SendMAD(netip.Addr{}, netip.AddrFrom4([4]byte{10, 66, 0, 2}), make([]byte, 3))
+	for _, want := range []string{
+		"taproce_transport_gsi_mads_sent_total{" + devA + "} 1",
+		`taproce_transport_gsi_mads_dropped_total{device="taproce1",direction="received",port="nsb/` + b.Name() + `",reason="no_handler"} 1`,
+		`taproce_transport_gsi_mads_dropped_total{device="taproce0",direction="sent",port="nsa/` + a.Name() + `",reason="invalid"} 1`,
+	} {
+		for deadline := time.Now().Add(5 * time.Second); !strings.Contains(text, want); text = scrape(t, h) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q in the scrape:\n%s", want, grep(text, "gsi"))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 	}
 
 	// A port that goes takes its series with it.

@@ -246,6 +246,23 @@ func (s *Station) ownsV6(a netip.Addr) bool {
 	return false
 }
 
+// OnLink returns the station's address whose prefix holds a (an
+// IPv4-mapped address counts as its IPv4 address; an IPv6 link-local one
+// gets the link-local address): the source of a packet to a on the link.
+func (s *Station) OnLink(a netip.Addr) (netip.Addr, bool) {
+	a = a.Unmap()
+	prefixes := s.v6
+	if a.Is4() {
+		prefixes = s.v4
+	}
+	for _, p := range prefixes {
+		if p.Contains(a) {
+			return p.Addr(), true
+		}
+	}
+	return netip.Addr{}, false
+}
+
 // Stats returns a snapshot of the counters.
 func (s *Station) Stats() Stats {
 	var st Stats

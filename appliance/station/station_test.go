@@ -376,6 +376,24 @@ func TestGIDsAndAnnounce(t *testing.T) {
 	}
 }
 
+// TestOnLink: the source for an address on one of the station's links is
+// the station's address of that prefix; an address off every link has
+// none.
+func TestOnLink(t *testing.T) {
+	r := newRig(t)
+	ll := roce.LinkLocalGID(ourMAC).Addr()
+	for a, want := range map[netip.Addr]netip.Addr{
+		peerV4: ourV4, netip.AddrFrom16(peerV4.As16()): ourV4, ourV4: ourV4, peerV6: ourV6,
+		netip.MustParseAddr("fe80::1"):   ll,
+		netip.MustParseAddr("10.56.0.2"): {}, netip.MustParseAddr("fd56::2"): {}, {}: {},
+	} {
+		got, ok := r.OnLink(a)
+		if got != want || ok != want.IsValid() {
+			t.Errorf("OnLink(%v) = %v, %v; want %v", a, got, ok, want)
+		}
+	}
+}
+
 func TestNewErrors(t *testing.T) {
 	send := func([]byte) {}
 	if _, err := New(Config{MAC: ourMAC}); err == nil {

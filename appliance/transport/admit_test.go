@@ -230,25 +230,23 @@ func checkPair(t *testing.T, s *sim, c *conn, round int) {
 }
 
 // TestDatagramKeys: a UD QP takes only packets with its own Q_Key and a
-// P_Key of the default partition, from anyone; QP1 only the GSI's Q_Key,
-// whatever its own. Wrong keys are dropped and counted, and leave the
-// receive WQE for the next good datagram.
+// P_Key of the default partition, from anyone, and never the GSI's Q_Key,
+// which is QP1's alone (TestGSIDrops has QP1's checks). Wrong keys are
+// dropped and counted, and leave the receive WQE for the next good
+// datagram.
 func TestDatagramKeys(t *testing.T) {
 	const qkey = 0x11111111
 	for _, tc := range []struct {
 		name   string
-		qp1    bool
 		qkey   uint32
 		pkey   uint16
 		reason RejectReason // -1: delivered
 	}{
-		{"right keys", false, qkey, roce.DefaultPKey, -1},
-		{"right keys from a limited member", false, qkey, 0x7FFF, -1},
-		{"wrong Q_Key", false, 0x22222222, roce.DefaultPKey, RejectQKey},
-		{"GSI Q_Key to another QP", false, roce.GSIQKey, roce.DefaultPKey, RejectQKey},
-		{"wrong P_Key", false, qkey, 0x8001, RejectPKey},
-		{"QP1 with the GSI Q_Key", true, roce.GSIQKey, roce.DefaultPKey, -1},
-		{"QP1 with its own Q_Key", true, qkey, roce.DefaultPKey, RejectQKey},
+		{"right keys", qkey, roce.DefaultPKey, -1},
+		{"right keys from a limited member", qkey, 0x7FFF, -1},
+		{"wrong Q_Key", 0x22222222, roce.DefaultPKey, RejectQKey},
+		{"GSI Q_Key to another QP", roce.GSIQKey, roce.DefaultPKey, RejectQKey},
+		{"wrong P_Key", qkey, 0x8001, RejectPKey},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newSim(t, impair.Spec{}, 1500)
@@ -258,13 +256,6 @@ func TestDatagramKeys(t *testing.T) {
 			rcq := NewCQ(64, nil)
 			qp, err := s.b.eng.CreateQP(QPConfig{Type: abi.UD, PD: pd, SendCQ: NewCQ(64, nil), RecvCQ: rcq, MaxSendWR: 16, MaxRecvWR: 16})
 			must(t, err)
-			if tc.qp1 {
-				// The engine makes no QP1 of its own; give this one its number.
-				e := s.b.eng
-				delete(e.qps, qp.num)
-				qp.num = 1
-				e.qps[1] = qp
-			}
 			must(t, qp.Modify(&QPAttr{State: abi.QPSInit, Port: 1, QKey: qkey}, abi.QPStateMask|abi.QPPKeyIndex|abi.QPPort|abi.QPQKey))
 			must(t, qp.Modify(&QPAttr{State: abi.QPSRTR}, abi.QPStateMask))
 			must(t, qp.Modify(&QPAttr{State: abi.QPSRTS, SQPSN: 7}, abi.QPStateMask|abi.QPSQPSN))

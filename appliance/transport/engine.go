@@ -87,6 +87,11 @@ type Config struct {
 	// Someone must call FlushAcks while acknowledgements wait; Tick sends
 	// them too.
 	AckDelay time.Duration
+	// GSI, when set, receives the MADs that arrive for QP1, the general
+	// services interface (see GSIHandler; Engine.SetGSI changes it).
+	// Without one, packets for QP1 are dropped, as for a QP that is not
+	// there.
+	GSI GSIHandler
 	// Seed, when not 0, seeds the engine's random numbers — the QPNs it
 	// gives out and, when it makes the Memory, the regions' keys — so that
 	// a test or a fuzzer sees the same numbers every run. 0 seeds them
@@ -114,6 +119,11 @@ type Stats struct {
 	// queue pairs that failed the checks rxe's hdr_check makes before a
 	// packet reaches its QP (QP.admit).
 	Rejected [NumRejectReasons]uint64
+	// GSIReceived counts the MADs handed to the GSI handler, GSISent those
+	// SendMAD sent (in Received and Sent too); GSIDropped, by reason, the
+	// packets for QP1 dropped (in Dropped too, not in Rejected).
+	GSIReceived, GSISent uint64
+	GSIDropped           [NumGSIDropReasons]uint64
 }
 
 // RejectReason says why the engine refused a packet addressed to one of
@@ -149,6 +159,7 @@ type Engine struct {
 	lingering int           // killed or closed QPs in qps (QP.linger)
 	rng       *rand.ChaCha8 // QPNs (newRand)
 	ipID      uint16
+	gsiPSN    roce.PSN // the PSN of QP1's next MAD (SendMAD)
 	// curUrgent tells that cur holds a frame that must go out at the end
 	// of the call that built it: any but an acknowledgement that may wait
 	// (Config.AckDelay).
@@ -172,11 +183,15 @@ type Engine struct {
 	tickAcks bool
 	tickWake chan struct{}
 
+	gsi atomic.Pointer[GSIHandler] // Config.GSI, SetGSI
+
 	stats struct {
 		sent, received, dropped, retransmits, timeouts atomic.Uint64
 		rnrSent, rnrReceived, naksSent, naksReceived   atomic.Uint64
 		dupRequests, dupResponses                      atomic.Uint64
 		rejected                                       [NumRejectReasons]atomic.Uint64
+		gsiReceived, gsiSent                           atomic.Uint64
+		gsiDropped                                     [NumGSIDropReasons]atomic.Uint64
 	}
 }
 
@@ -200,6 +215,7 @@ func NewEngine(cfg Config) *Engine {
 		cfg.MTU = 1500
 	}
 	e := &Engine{cfg: cfg, mem: cfg.Memory, qps: map[uint32]*QP{}, rng: newRand(cfg.Seed, "qpns"), tickWake: make(chan struct{}, 1)}
+	e.SetGSI(cfg.GSI)
 	size := cfg.Out.Headroom() + cfg.MTU + roce.EthernetLen
 	n := 1
 	if a, ok := cfg.Out.(AsyncOutput); ok {
@@ -252,9 +268,13 @@ func (e *Engine) Stats() Stats {
 		RNRNAKsSent: e.stats.rnrSent.Load(), RNRNAKsReceived: e.stats.rnrReceived.Load(),
 		NAKsSent: e.stats.naksSent.Load(), NAKsReceived: e.stats.naksReceived.Load(),
 		DuplicateRequests: e.stats.dupRequests.Load(), DuplicateResponses: e.stats.dupResponses.Load(),
+		GSIReceived: e.stats.gsiReceived.Load(), GSISent: e.stats.gsiSent.Load(),
 	}
 	for r := range s.Rejected {
 		s.Rejected[r] = e.stats.rejected[r].Load()
+	}
+	for r := range s.GSIDropped {
+		s.GSIDropped[r] = e.stats.gsiDropped[r].Load()
 	}
 	return s
 }
@@ -502,8 +522,13 @@ func (e *Engine) remove(qp *QP) {
 
 // Receive handles a RoCEv2 packet addressed to the port (the station
 // checked the ICRC): requests go to the responder of their QP, responses
-// and acknowledgements to its completer.
+// and acknowledgements to its completer, and what is for QP1 to the GSI
+// handler (Config.GSI) — the one compare an ordinary packet pays for it.
 func (e *Engine) Receive(frame []byte, p *roce.Packet) {
+	if p.BTH.DestQP == GSIQPN {
+		e.receiveGSI(frame, p)
+		return
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	defer e.flushUrgent()
@@ -603,7 +628,7 @@ func (e *Engine) QPCount() int {
 // ref is not nil the frame is a whole message whose payload is ref (see
 // Config.Local), in the sender's memory and valid only during the call.
 func (e *Engine) ReceiveLocal(frame []byte, p *roce.Packet, ref []byte) {
-	if ref == nil {
+	if ref == nil || p.BTH.DestQP == GSIQPN {
 		e.Receive(frame, p)
 		return
 	}

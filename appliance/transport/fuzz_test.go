@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"math/rand/v2"
+	"net/netip"
 	"reflect"
 	"testing"
 
@@ -22,7 +23,8 @@ const fuzzMem = 1 << 14
 // FuzzReceive feeds arbitrary packets to an established RC QP (B) whose
 // peer (A) has work outstanding: nothing panics, nothing outside B's
 // registered memory changes, and B either carries on or is in the error
-// state.
+// state. A packet for QP1 goes to B's GSI handler instead, which must see
+// only MADs of MADSize bytes.
 //
 // The pair of engines is built once and reset between inputs
 // (fuzzPair.reset), which TestFuzzPairReset holds to being as good as a
@@ -31,6 +33,7 @@ func FuzzReceive(f *testing.F) {
 	for _, frame := range fuzzSeeds(f) {
 		f.Add(frame)
 	}
+	f.Add(fuzzMADSeed(f))
 	fp := newFuzzPair(f)
 	f.Fuzz(func(t *testing.T, frame []byte) {
 		fp.reset(t)
@@ -65,12 +68,25 @@ func fuzzSeeds(tb testing.TB) [][]byte {
 	return frames
 }
 
+// fuzzMADSeed returns a MAD of A for QP1 of B.
+func fuzzMADSeed(tb testing.TB) []byte {
+	rp := newRingPairSized(tb, fuzzMem, 16, 16)
+	must(tb, rp.a.eng.SendMAD(netip.Addr{}, rp.b.ip, rp.b.mac, make([]byte, MADSize)))
+	return append([]byte(nil), rp.b.in.slots[rp.b.in.head][:rp.b.in.lens[rp.b.in.head]]...)
+}
+
 // fuzzPair is FuzzReceive's pair: a ring pair of small engines, built
 // once, whose state reset puts back as newFuzzPair left it.
 type fuzzPair struct{ *ringPair }
 
 func newFuzzPair(tb testing.TB) *fuzzPair {
-	return &fuzzPair{newRingPairSized(tb, fuzzMem, 16, 16)}
+	fp := &fuzzPair{newRingPairSized(tb, fuzzMem, 16, 16)}
+	fp.b.eng.SetGSI(func(_, _ netip.Addr, _ uint32, _ uint16, mad []byte) {
+		if len(mad) != MADSize {
+			panic(fmt.Sprintf("the GSI handler got %d bytes", len(mad)))
+		}
+	})
+	return fp
 }
 
 // reset makes the pair as new: the links and completion queues emptied,
@@ -82,7 +98,7 @@ func (fp *fuzzPair) reset(tb testing.TB) {
 	for _, p := range []*ringPort{rp.a, rp.b} {
 		p.in.head, p.in.n = 0, 0
 		p.eng.mu.Lock()
-		p.eng.ipID = 0
+		p.eng.ipID, p.eng.gsiPSN = 0, 0
 		p.eng.mu.Unlock()
 	}
 	for _, cq := range []*CQ{rp.cqa, rp.rcqa, rp.cqb, rp.rcqb} {
@@ -111,8 +127,10 @@ func (fp *fuzzPair) receive(t testing.TB, frame []byte) {
 	if roce.Parse(frame, &p) != nil {
 		return
 	}
-	// Aim the packet at B's QP, whatever it said.
-	p.BTH.DestQP = rp.qb.Num()
+	// Aim the packet at B's QP, whatever it said, unless it is for QP1.
+	if p.BTH.DestQP != GSIQPN {
+		p.BTH.DestQP = rp.qb.Num()
+	}
 	rp.b.eng.Receive(frame, &p)
 	// With the clock standing still, the exchange that one packet sets
 	// off must come to an end: no two engines answer each other forever.
@@ -174,9 +192,13 @@ func statsDelta(before, after Stats) Stats {
 		RNRNAKsSent: after.RNRNAKsSent - before.RNRNAKsSent, RNRNAKsReceived: after.RNRNAKsReceived - before.RNRNAKsReceived,
 		NAKsSent: after.NAKsSent - before.NAKsSent, NAKsReceived: after.NAKsReceived - before.NAKsReceived,
 		DuplicateRequests: after.DuplicateRequests - before.DuplicateRequests, DuplicateResponses: after.DuplicateResponses - before.DuplicateResponses,
+		GSIReceived: after.GSIReceived - before.GSIReceived, GSISent: after.GSISent - before.GSISent,
 	}
 	for i := range d.Rejected {
 		d.Rejected[i] = after.Rejected[i] - before.Rejected[i]
+	}
+	for i := range d.GSIDropped {
+		d.GSIDropped[i] = after.GSIDropped[i] - before.GSIDropped[i]
 	}
 	return d
 }

@@ -316,9 +316,10 @@ func (qp *QP) template(dst netip.Addr, mac roce.MAC, dqpn uint32, tclass uint8, 
 // execute a request on it or make it acknowledge or NAK its peer; a QP
 // that has no peer yet (RESET, INIT) is left to its state, which refuses
 // everything. check_keys: the P_Key must match the port's one, the
-// default (0xFFFF, full member); a UD packet's Q_Key must be its QP's
-// (QP1's is GSIQKey), and one of the privileged Q_Keys (high bit set) is
-// for QP1 alone (IBA 10.2.5). Each costs a comparison or two.
+// default (0xFFFF, full member); a UD packet's Q_Key must be its QP's,
+// and one of the privileged Q_Keys (high bit set) is for QP1 alone (IBA
+// 10.2.5), which is no QP of a client's (Engine.Receive gives its
+// packets to the GSI handler, receiveGSI). Each costs a comparison or two.
 func (qp *QP) admit(p *roce.Packet) (RejectReason, bool) {
 	switch qp.cfg.Type {
 	case abi.RC, abi.UC:
@@ -330,11 +331,7 @@ func (qp *QP) admit(p *roce.Packet) (RejectReason, bool) {
 		return RejectPKey, false
 	}
 	if qp.cfg.Type == abi.UD {
-		qkey := qp.attr.QKey
-		if qp.num == 1 {
-			qkey = roce.GSIQKey
-		}
-		if p.DETH.QKey != qkey || qkey&0x80000000 != 0 && qp.num != 1 {
+		if qkey := qp.attr.QKey; p.DETH.QKey != qkey || qkey&0x80000000 != 0 {
 			return RejectQKey, false
 		}
 	}

@@ -6,6 +6,8 @@ package netnsutil
 import (
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -224,4 +226,72 @@ func AttachToBridge(path, dev, br string) error {
 		}
 		return nil
 	})
+}
+
+// ErrNoRoute is RouteTo's error when the namespace has no route to the
+// destination (the kernel's ENETUNREACH, EHOSTUNREACH and kin).
+var ErrNoRoute = errors.New("no route")
+
+// Route is what a namespace's routing picks for a destination, as `ip
+// route get` shows it.
+type Route struct {
+	// Src is the source address the kernel would send from (the route's
+	// preferred source, or the one it selects).
+	Src netip.Addr
+	// NextHop is the route's gateway, or the destination itself when it
+	// is on link (or local).
+	NextHop netip.Addr
+	// Link is the device the route leaves through ("lo" for a local
+	// address).
+	Link string
+	// Local tells that the destination is an address of the namespace
+	// (RTN_LOCAL).
+	Local bool
+}
+
+// RouteTo asks the routing of the namespace at path (the caller's own
+// when path is empty) for dst, with an RTM_GETROUTE as `ip route get`
+// sends: the source address, the next hop and the device. IPv4-mapped
+// addresses count as IPv4 ones. Errors wrap ErrNoRoute when there is
+// none. It enters the namespace on a thread of its own (Do): a control
+// path's call, not a packet's.
+func RouteTo(path string, dst netip.Addr) (Route, error) {
+	dst = dst.Unmap()
+	if !dst.IsValid() {
+		return Route{}, fmt.Errorf("%w to the zero address", ErrNoRoute)
+	}
+	var r Route
+	err := Do(path, func(h *netlink.Handle) error {
+		routes, err := h.RouteGet(net.IP(dst.AsSlice()))
+		if err != nil {
+			return fmt.Errorf("%w to %v: %w", ErrNoRoute, dst, err)
+		}
+		if len(routes) == 0 {
+			return fmt.Errorf("%w to %v", ErrNoRoute, dst)
+		}
+		rt := routes[0]
+		r.Local = rt.Type == unix.RTN_LOCAL
+		r.Src, _ = netip.AddrFromSlice(rt.Src)
+		r.Src = r.Src.Unmap()
+		r.NextHop = dst
+		if gw, ok := netip.AddrFromSlice(rt.Gw); ok && !gw.IsUnspecified() {
+			r.NextHop = gw.Unmap()
+		}
+		if l, err := h.LinkByIndex(rt.LinkIndex); err == nil {
+			r.Link = l.Attrs().Name
+		}
+		return nil
+	})
+	if err != nil {
+		return Route{}, fmt.Errorf("route in %s: %w", nsName(path), err)
+	}
+	return r, nil
+}
+
+// nsName names the namespace at path for messages.
+func nsName(path string) string {
+	if path == "" {
+		return "the current namespace"
+	}
+	return path
 }

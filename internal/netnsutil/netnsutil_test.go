@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -211,5 +212,75 @@ func TestListening(t *testing.T) {
 	}
 	if _, err := Listening(Path(name+"-none"), port); err == nil {
 		t.Error("Listening in a namespace that does not exist: no error")
+	}
+}
+
+// TestRouteTo: the routing of a namespace with a veth pair
+// (10.66.0.1/24, fd66::1/64) and a default route via 10.66.0.254 gives,
+// for a neighbour, the address itself as the next hop and the veth's
+// address as the source; for an address elsewhere, the gateway; for its
+// own address, a local route; for an IPv6 address off every link (no IPv6
+// default route), no route.
+func TestRouteTo(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for network namespaces; run the tests as root to include it")
+	}
+	name := fmt.Sprintf("tpt-nsutil-%d-route", os.Getpid())
+	if err := Create(name); err != nil {
+		t.Fatal(err)
+	}
+	defer Delete(name)
+	err := Do(Path(name), func(h *netlink.Handle) error {
+		if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "rt0"}, PeerName: "rt1"}); err != nil {
+			return err
+		}
+		for _, dev := range []string{"lo", "rt0", "rt1"} {
+			l, err := h.LinkByName(dev)
+			if err != nil {
+				return err
+			}
+			if err := h.LinkSetUp(l); err != nil {
+				return err
+			}
+			if dev != "rt0" {
+				continue
+			}
+			for _, a := range []string{"10.66.0.1/24", "fd66::1/64"} {
+				addr, err := netlink.ParseAddr(a)
+				if err != nil {
+					return err
+				}
+				addr.Flags = unix.IFA_F_NODAD
+				if err := h.AddrAdd(l, addr); err != nil {
+					return err
+				}
+			}
+			gw := &netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.ParseIP("10.66.0.254")}
+			if err := h.RouteAdd(gw); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		dst  string
+		want Route
+	}{
+		{"10.66.0.7", Route{Src: netip.MustParseAddr("10.66.0.1"), NextHop: netip.MustParseAddr("10.66.0.7"), Link: "rt0"}},
+		{"::ffff:10.66.0.7", Route{Src: netip.MustParseAddr("10.66.0.1"), NextHop: netip.MustParseAddr("10.66.0.7"), Link: "rt0"}},
+		{"192.0.2.9", Route{Src: netip.MustParseAddr("10.66.0.1"), NextHop: netip.MustParseAddr("10.66.0.254"), Link: "rt0"}},
+		{"fd66::7", Route{Src: netip.MustParseAddr("fd66::1"), NextHop: netip.MustParseAddr("fd66::7"), Link: "rt0"}},
+		{"10.66.0.1", Route{Src: netip.MustParseAddr("10.66.0.1"), NextHop: netip.MustParseAddr("10.66.0.1"), Link: "lo", Local: true}},
+	} {
+		got, err := RouteTo(Path(name), netip.MustParseAddr(c.dst))
+		if err != nil || got != c.want {
+			t.Errorf("RouteTo(%s) = %+v, %v; want %+v", c.dst, got, err, c.want)
+		}
+	}
+	if r, err := RouteTo(Path(name), netip.MustParseAddr("2001:db8::1")); !errors.Is(err, ErrNoRoute) {
+		t.Errorf("RouteTo(2001:db8::1) = %+v, %v; want ErrNoRoute", r, err)
 	}
 }
