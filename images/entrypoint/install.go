@@ -125,29 +125,16 @@ func (in *Installer) log() *slog.Logger {
 // installing the files; calling it again later finishes the job.
 func (in *Installer) Install() (Result, error) {
 	var res Result
+	var err error
 	if in.Lib != "" {
-		lib, err := os.ReadFile(in.Lib)
-		if err != nil {
-			return res, fmt.Errorf("install: reading the library: %w", err)
-		}
 		res.Lib = filepath.Join(in.LibDir, LibName)
-		if res.LibChanged, err = writeIfChanged(res.Lib, lib, 0o644); err != nil {
-			return res, fmt.Errorf("install: %w", err)
+		if res.LibChanged, err = in.copyFile("the library", "libibverbs.so.1 installed", in.Lib, res.Lib, 0o644); err != nil {
+			return res, err
 		}
-		if res.LibChanged {
-			in.log().Info("libibverbs.so.1 installed", "path", res.Lib, "bytes", len(lib))
-		}
-	}
-	data, err := os.ReadFile(in.Plugin)
-	if err != nil {
-		return res, fmt.Errorf("install: reading the plugin: %w", err)
 	}
 	res.Binary = filepath.Join(in.BinDir, PluginType)
-	if res.BinaryChanged, err = writeIfChanged(res.Binary, data, 0o755); err != nil {
-		return res, fmt.Errorf("install: %w", err)
-	}
-	if res.BinaryChanged {
-		in.log().Info("CNI plugin installed", "path", res.Binary, "bytes", len(data))
+	if res.BinaryChanged, err = in.copyFile("the plugin", "CNI plugin installed", in.Plugin, res.Binary, 0o755); err != nil {
+		return res, err
 	}
 	switch in.Mode {
 	case ModeNone:
@@ -163,6 +150,23 @@ func (in *Installer) Install() (Result, error) {
 		in.log().Info("CNI network configuration written", "path", res.Conf, "mode", in.Mode)
 	}
 	return res, err
+}
+
+// copyFile puts src's bytes at dst with perm unless dst already holds
+// them, logging installed when it wrote; what names src in errors.
+func (in *Installer) copyFile(what, installed, src, dst string, perm os.FileMode) (bool, error) {
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return false, fmt.Errorf("install: reading %s: %w", what, err)
+	}
+	changed, err := writeIfChanged(dst, data, perm)
+	if err != nil {
+		return false, fmt.Errorf("install: %w", err)
+	}
+	if changed {
+		in.log().Info(installed, "path", dst, "bytes", len(data))
+	}
+	return changed, nil
 }
 
 // installFile copies Conflist, validated, into ConfDir.
