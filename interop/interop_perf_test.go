@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -539,7 +540,7 @@ func (o *perfOutcome) check(c perfCase, mtu, size int, ours []perf.Result, their
 // after another in one task (Spawn), and `taproce perf` as its client for each
 // (run again while it cannot connect, until the next server listens).
 func perfVMServer(t *testing.T, p *Peer, r *perfRig, c perfCase, mtu int, rec *perfRecorder) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	const begin, out, after = "@@@perf-begin@@@", "@@@perf-out@@@", "@@@perf-after@@@"
 	var script []string
@@ -547,28 +548,40 @@ func perfVMServer(t *testing.T, p *Peer, r *perfRig, c perfCase, mtu int, rec *p
 		script = append(script, fmt.Sprintf("echo %s; %s; echo %s; timeout 120 %s %s 2>&1; echo rc=$?; sleep 0.2; echo %s; %s",
 			begin, CountersCommand, out, c.tool, c.vmArgs(mtu, size), after, CountersCommand))
 	}
-	job := p.Spawn(ctx, "perf-server", strings.Join(script, "; "))
 	type run struct {
 		out    []perf.Result
 		s0, s1 rigSnap
 		text   string
 		err    error
 	}
-	runs := make([]run, len(c.sizes))
-	for i, size := range c.sizes {
-		s0 := r.snap()
-		rctx, rcancel := context.WithTimeout(ctx, 3*time.Minute)
-		args := r.args(c, mtu, size, p.IP.String())
-		o, err := r.clientOutput(rctx, args...)
-		rcancel()
-		runs[i] = run{s0: s0, s1: r.end(c), text: string(o), err: err}
-		if err == nil {
-			runs[i].out, runs[i].err = r.parse(c, size, string(o))
+	var runs []run
+	var output string
+	for attempt := 0; ; attempt++ {
+		job := p.Spawn(ctx, "perf-server", strings.Join(script, "; "))
+		runs = make([]run, len(c.sizes))
+		down := false
+		for i, size := range c.sizes {
+			s0 := r.snap()
+			rctx, rcancel := context.WithTimeout(ctx, 3*time.Minute)
+			args := r.args(c, mtu, size, p.IP.String())
+			o, err := r.clientOutput(rctx, args...)
+			rcancel()
+			runs[i] = run{s0: s0, s1: r.end(c), text: string(o), err: err}
+			if err == nil {
+				runs[i].out, runs[i].err = r.parse(c, size, string(o))
+			} else if down = peerDown(p); down {
+				break // the sizes after it would wait for a VM that is gone
+			}
 		}
-	}
-	code, output, werr := job.Wait(ctx, 3*time.Minute)
-	if werr != nil || code != 0 {
-		t.Errorf("VM job: exit %d, %v", code, werr)
+		code, jobOut, werr := job.Wait(ctx, 3*time.Minute)
+		output = jobOut
+		if (down || werr != nil || code != 0) && attempt == 0 && recoverPeer(t, p) {
+			continue
+		}
+		if werr != nil || code != 0 {
+			t.Errorf("VM job: exit %d, %v", code, werr)
+		}
+		break
 	}
 	sections := strings.Split(output, begin+"\n")[1:]
 	for i, size := range c.sizes {
@@ -610,12 +623,39 @@ func perfVMServer(t *testing.T, p *Peer, r *perfRig, c perfCase, mtu int, rec *p
 	}
 }
 
+// peerDown reports whether the VM has gone down (Peer.Check).
+func peerDown(p *Peer) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	return errors.Is(p.Check(ctx), ErrPeerDown)
+}
+
+// recoverPeer is called after a case failed: when the VM has gone down —
+// its kernel crashed or locked up, which under TCG and load the 6.1 rxe
+// VMs have done — it logs the VM's console, boots the VM again and
+// returns true, so that the caller runs the case once more; when the VM
+// is fine, the failure is the case's own and it returns false.
+func recoverPeer(t *testing.T, p *Peer) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), StartTimeout+time.Minute)
+	defer cancel()
+	err := p.Check(ctx)
+	if !errors.Is(err, ErrPeerDown) {
+		return false
+	}
+	t.Logf("%v\nthe VM is restarted and the case runs again", err)
+	if err := p.Restart(ctx); err != nil {
+		t.Fatalf("the VM went down and does not come back: %v", err)
+	}
+	return true
+}
+
 // perfVMClient runs `taproce perf` as server and the tool as its client
 // in the VM: the VM runs the clients for every size one after another in
 // one Exec, each retrying its connection until the next server listens
 // (vmConnectRetry), while the servers run one after another here.
 func perfVMClient(t *testing.T, p *Peer, r *perfRig, c perfCase, mtu int, rec *perfRecorder) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	const begin, out, after = "@@@perf-begin@@@", "@@@perf-out@@@", "@@@perf-after@@@"
 	var script []string
@@ -628,34 +668,49 @@ func perfVMClient(t *testing.T, p *Peer, r *perfRig, c perfCase, mtu int, rec *p
 		text   string
 		err    error
 	}
-	runs := make([]run, len(c.sizes))
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		for i, size := range c.sizes {
-			s0 := r.snap()
-			var o bytes.Buffer
-			rctx, rcancel := context.WithTimeout(ctx, 3*time.Minute)
-			cmd := r.command(rctx, r.args(c, mtu, size)...)
-			cmd.Stdout, cmd.Stderr = &o, &o
-			err := cmd.Run()
-			rcancel()
-			runs[i] = run{s0: s0, s1: r.end(c), text: o.String(), err: err}
-			if ctx.Err() != nil {
-				return
+	var runs []run
+	var vmAll string
+	for attempt := 0; ; attempt++ {
+		runs = make([]run, len(c.sizes))
+		sctx, scancel := context.WithCancel(ctx)
+		served := make(chan struct{})
+		go func() {
+			defer close(served)
+			for i, size := range c.sizes {
+				s0 := r.snap()
+				var o bytes.Buffer
+				rctx, rcancel := context.WithTimeout(sctx, 3*time.Minute)
+				cmd := r.command(rctx, r.args(c, mtu, size)...)
+				cmd.Stdout, cmd.Stderr = &o, &o
+				err := cmd.Run()
+				rcancel()
+				runs[i] = run{s0: s0, s1: r.end(c), text: o.String(), err: err}
+				if sctx.Err() != nil {
+					return
+				}
 			}
+		}()
+		out, stderr, err := p.Exec(ctx, strings.Join(script, "; "))
+		vmAll = out
+		late := false
+		select {
+		case <-served:
+		case <-time.After(30 * time.Second):
+			late = true
+			scancel()
+			<-served
 		}
-	}()
-	vmAll, stderr, err := p.Exec(ctx, strings.Join(script, "; "))
-	if err != nil {
-		t.Errorf("VM clients: %v: %s", err, stderr)
-	}
-	select {
-	case <-served:
-	case <-time.After(30 * time.Second):
-		t.Error("taproce perf servers still running 30 s after the VM's clients ended")
-		cancel()
-		<-served
+		scancel()
+		if err != nil && attempt == 0 && recoverPeer(t, p) {
+			continue
+		}
+		if err != nil {
+			t.Errorf("VM clients: %v: %s", err, stderr)
+		}
+		if late {
+			t.Error("taproce perf servers still running 30 s after the VM's clients ended")
+		}
+		break
 	}
 	sections := strings.Split(vmAll, begin+"\n")[1:]
 	for i, size := range c.sizes {

@@ -132,6 +132,15 @@ func withPeerLoss(t *testing.T, p *Peer) *peerLoss {
 		}
 	})
 	l.use(false)
+	// A restarted VM has no qdisc: the one in place goes back (its drops
+	// so far are lost with the VM).
+	remove := p.OnRestart(func(ctx context.Context) error {
+		if _, stderr, err := p.Exec(ctx, netemCommand(l.spare)); err != nil {
+			return fmt.Errorf("%w: %s", err, stderr)
+		}
+		return nil
+	})
+	t.Cleanup(remove)
 	return l
 }
 

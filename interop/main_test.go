@@ -154,6 +154,13 @@ func needPeer(t *testing.T) (*Peer, *Endpoint) {
 	if suite.err != nil {
 		t.Fatalf("interop setup: %v", suite.err)
 	}
+	// A VM that went down in an earlier test is booted again, so that
+	// one crash of its kernel fails one test, not all that follow.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, _, err := suite.peer.Exec(ctx, "true"); err != nil {
+		recoverPeer(t, suite.peer)
+	}
 	return suite.peer, suite.ep
 }
 
@@ -310,7 +317,9 @@ func withPeerMTU(t *testing.T, p *Peer, mtu int) {
 	if err := p.SetMTU(ctx, mtu); err != nil {
 		t.Fatal(err)
 	}
+	remove := p.OnRestart(func(ctx context.Context) error { return p.SetMTU(ctx, mtu) })
 	t.Cleanup(func() {
+		remove()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		if err := p.SetMTU(ctx, 1500); err != nil {

@@ -201,9 +201,11 @@ type Peer struct {
 	stopOnce sync.Once
 	stopErr  error
 
-	mu      sync.Mutex
-	idle    []*session // sessions for Exec
-	closing bool       // Stop has begun
+	mu       sync.Mutex
+	idle     []*session // sessions for Exec
+	closing  bool       // Stop has begun
+	restored map[int]func(context.Context) error
+	nextHook int
 }
 
 // Start boots a peer VM named name with address ip on the bridge (building
@@ -507,4 +509,107 @@ func (p *Peer) Stop() error {
 		}
 	})
 	return p.stopErr
+}
+
+// ErrPeerDown: the VM has exited or no longer answers; Check's error wraps
+// it with the end of the VM's console.
+var ErrPeerDown = errors.New("the VM is down")
+
+// checkTimeout bounds Check's command: an ssh connection to a VM whose
+// kernel is stuck fails after its keep-alives (30 s) at the latest.
+const checkTimeout = 45 * time.Second
+
+// runDir is the scripts' state directory ($RXE_PEER_DIR/run, lib.sh).
+func runDir() string {
+	d := os.Getenv("RXE_PEER_DIR")
+	if d == "" {
+		d = "/var/tmp/rxe-peer"
+	}
+	return filepath.Join(d, "run")
+}
+
+// Console returns the last n lines of the VM's serial console: a kernel
+// that panicked or locked up says so there.
+func (p *Peer) Console(n int) string {
+	b, err := os.ReadFile(filepath.Join(runDir(), p.Name+".console.log"))
+	if err != nil {
+		return fmt.Sprintf("(no console: %v)", err)
+	}
+	return tail(string(b), n)
+}
+
+// running reports whether the VM's qemu process is alive: the PID in its
+// pid file names a process whose command line is this peer's qemu.
+func (p *Peer) running() bool {
+	b, err := os.ReadFile(filepath.Join(runDir(), p.Name+".pid"))
+	if err != nil {
+		return false
+	}
+	cmdline, err := os.ReadFile(filepath.Join("/proc", strings.TrimSpace(string(b)), "cmdline"))
+	return err == nil && bytes.Contains(cmdline, []byte("rxe-peer-"+p.Name))
+}
+
+// Check returns nil when the VM runs and answers a command over a
+// connection of its own, and an error wrapping ErrPeerDown otherwise.
+func (p *Peer) Check(ctx context.Context) error {
+	if !p.running() {
+		return fmt.Errorf("interop: %s: %w: qemu has exited; its console ends:\n%s", p.Name, ErrPeerDown, p.Console(40))
+	}
+	ctx, cancel := context.WithTimeout(ctx, checkTimeout)
+	defer cancel()
+	if _, stderr, err := p.ExecOnce(ctx, "true"); err != nil {
+		return fmt.Errorf("interop: %s: %w: it does not answer (%v: %s); its console ends:\n%s",
+			p.Name, ErrPeerDown, err, strings.TrimSpace(stderr), p.Console(40))
+	}
+	return nil
+}
+
+// Restart stops the VM and boots it again with the same name and address,
+// for a suite whose VM went down: the VM comes back as it boots (MTU 1500,
+// no qdisc), and sessions are opened anew.
+func (p *Peer) Restart(ctx context.Context) error {
+	p.closeSessions(false)
+	sctx, cancel := context.WithTimeout(ctx, StopTimeout)
+	out, err := runScript(sctx, p.dir, "stop-peer.sh", p.Name)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("interop: stopping peer %s: %w\n%s", p.Name, err, tail(out, 10))
+	}
+	sctx, cancel = context.WithTimeout(ctx, StartTimeout)
+	defer cancel()
+	if out, err := runScript(sctx, p.dir, "start-peer.sh", p.Name, p.IP.String()); err != nil {
+		return fmt.Errorf("interop: restarting peer %s: %w\n%s", p.Name, err, tail(out, 30))
+	}
+	p.mu.Lock()
+	hooks := slices.Sorted(maps.Keys(p.restored))
+	fs := make([]func(context.Context) error, len(hooks))
+	for i, k := range hooks {
+		fs[i] = p.restored[k]
+	}
+	p.mu.Unlock()
+	for _, f := range fs {
+		if err := f(sctx); err != nil {
+			return fmt.Errorf("interop: restoring peer %s after its restart: %w", p.Name, err)
+		}
+	}
+	return nil
+}
+
+// OnRestart registers f to put back, after a Restart, state a test gave
+// the VM (an MTU, a qdisc); hooks run in the order they were registered.
+// The returned function removes f.
+func (p *Peer) OnRestart(f func(context.Context) error) (remove func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.restored == nil {
+		p.restored = map[int]func(context.Context) error{}
+	}
+	k := p.nextHook
+	p.nextHook++
+	p.restored[k] = f
+	return func() {
+		p.mu.Lock()
+		delete(p.restored, k)
+		p.mu.Unlock()
+	}
 }
