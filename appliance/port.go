@@ -136,6 +136,18 @@ type Port struct {
 	wg        sync.WaitGroup
 }
 
+// RxQueueFrames is the length of the queue in which the kernel holds the
+// frames (or UDP GSO super-frames) bound for a port until the appliance
+// reads them; beyond it the kernel drops them (the TAP's tx_dropped).
+// RC's window keeps an RC stream far below it; a UC or UD sender has no
+// window, and one in the same appliance sends about 1.6 times as fast as
+// the port receives (perftest's UC SEND bandwidth in the lab): the
+// default 1000 loses part of perftest's 1000 SENDs of 64 KiB, 4096 holds
+// them, and -a's 5 SENDs of 8 MiB, with room to spare. A queue of
+// super-frames of up to 64 KiB can take 256 MiB of kernel memory at
+// worst, only while the appliance falls behind.
+const RxQueueFrames = 4096
+
 // OpenPort creates the port's TAP device in its namespace and starts it.
 func OpenPort(cfg PortConfig) (*Port, error) {
 	cfg = withDefaults(cfg)
@@ -150,6 +162,10 @@ func OpenPort(cfg PortConfig) (*Port, error) {
 		MAC:     net.HardwareAddr(devMAC[:]),
 		MTU:     cfg.MTU,
 		Offload: cfg.Offload,
+		// The kernel's queue towards the port absorbs what senders
+		// without a window (UC, UD) send faster than the appliance
+		// receives, as rxe's unbounded receive queues do.
+		TxQueueLen: RxQueueFrames,
 		// A blocking loop (the port's own when it has none) sleeps on the
 		// descriptor itself; in the runtime's poller too, every frame
 		// would also wake the runtime.

@@ -29,6 +29,10 @@ type Config struct {
 	MAC net.HardwareAddr
 	// MTU, when non-zero, becomes the interface's MTU.
 	MTU int
+	// TxQueueLen, when non-zero, becomes the interface's transmit queue
+	// length: how many frames (or super-frames) the kernel holds for the
+	// reader before it drops (default 1000).
+	TxQueueLen int
 	// Offload asks for a virtio-net header with checksum and UDP
 	// segmentation offloads, so that writes and reads carry UDP GSO
 	// super-frames. A kernel that refuses falls back to one frame per
@@ -195,6 +199,11 @@ func configure(h *netlink.Handle, cfg Config) error {
 	if cfg.MTU != 0 {
 		if err := h.LinkSetMTU(link, cfg.MTU); err != nil {
 			return fmt.Errorf("tap: setting MTU of %s to %d: %w", cfg.Name, cfg.MTU, err)
+		}
+	}
+	if cfg.TxQueueLen != 0 {
+		if err := h.LinkSetTxQLen(link, cfg.TxQueueLen); err != nil {
+			return fmt.Errorf("tap: setting the queue length of %s to %d: %w", cfg.Name, cfg.TxQueueLen, err)
 		}
 	}
 	if !cfg.Down {

@@ -32,12 +32,12 @@ func linkIn(t *testing.T, nsName, dev string) (netlink.Link, error) {
 }
 
 // TestCreateInNamespace creates TAPs inside a namespace, with and without
-// offloads, and checks MAC, MTU, state, and that closing removes them.
+// offloads, and checks MAC, MTU, queue length, state, and that closing removes them.
 func TestCreateInNamespace(t *testing.T) {
 	name, path := testnet.Namespace(t)
 	mac := net.HardwareAddr{0x02, 0x11, 0x22, 0x33, 0x44, 0x55}
 	for _, offload := range []bool{false, true} {
-		dev, err := Create(Config{Name: "roce0", Netns: path, MAC: mac, MTU: 4200, Offload: offload})
+		dev, err := Create(Config{Name: "roce0", Netns: path, MAC: mac, MTU: 4200, TxQueueLen: 4096, Offload: offload})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -53,8 +53,8 @@ func TestCreateInNamespace(t *testing.T) {
 			t.Fatal(err)
 		}
 		a := link.Attrs()
-		if !bytes.Equal(a.HardwareAddr, mac) || a.MTU != 4200 || a.Flags&net.FlagUp == 0 {
-			t.Errorf("link %s: mac %v mtu %d flags %v", a.Name, a.HardwareAddr, a.MTU, a.Flags)
+		if !bytes.Equal(a.HardwareAddr, mac) || a.MTU != 4200 || a.TxQLen != 4096 || a.Flags&net.FlagUp == 0 {
+			t.Errorf("link %s: mac %v mtu %d qlen %d flags %v", a.Name, a.HardwareAddr, a.MTU, a.TxQLen, a.Flags)
 		}
 		if _, err := netlink.LinkByName("roce0"); err == nil {
 			t.Error("the TAP also appeared in the test's own namespace")
