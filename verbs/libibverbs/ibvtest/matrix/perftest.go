@@ -124,7 +124,7 @@ func Refusal(t Tool, o Options) []string {
 const (
 	bwIters   = 200 // a bandwidth test at one size
 	latIters  = 200 // a latency test at one size
-	allIters  = 10  // each size of -a
+	allIters  = 5   // each size of -a (perftest's least)
 	qpsIters  = 100 // each QP's of -q 4
 	bwSize    = 65536
 	latSize   = 2
@@ -206,9 +206,20 @@ func perftestRun(t Tool, o Options, p Port) Run {
 	if o.Mode == QPs {
 		rows *= 4 // a bandwidth test counts the iterations of all its QPs
 	}
-	return Run{Tool: t.Name(), Package: "perftest", Args: args, Pair: true, Timeout: 120 * time.Second,
+	r := Run{Tool: t.Name(), Package: "perftest", Args: args, Pair: true, Timeout: 120 * time.Second,
 		check: checkPerftest(t, o, sizes, rows)}
+	if t.Verb == Send && t.BW && o.Conn == "UC" && o.Mode == All {
+		r.Known, r.Timeout = unpacedUC, 30*time.Second
+	}
+	return r
 }
+
+// unpacedUC is the known failure of UC SEND bandwidth at -a's largest
+// sizes.
+const unpacedUC = "UC sends are not paced to the receiver: taproce sends a UC QP's whole send queue at once, " +
+	"and what a receiving TAP cannot queue (1000 frames) while the appliance reads is dropped by the kernel; " +
+	"-a ends with 5 SENDs of 8 MiB posted at once, the lab loses part of them, and perftest's UC SEND server " +
+	"waits for ever for the lost messages"
 
 // perftest's result tables (perftest_parameters.h: RESULT_FMT,
 // RESULT_FMT_LAT, RESULT_FMT_LAT_DUR and their REPORT_FMT rows).
@@ -218,7 +229,12 @@ const (
 	latDurHeader = " #bytes        #iterations       t_avg[usec]    tps average"
 )
 
-var number = `\s+[0-9]+\.[0-9]+`
+// number is a figure of a row: perftest prints inf and -nan where its
+// clock's calibration failed on a busy machine (get_cpu_mhz finds no
+// steady frequency and returns 0, "Correlation coefficient r^2: … <
+// 0.9"), which says nothing of the run: its row comes after all its
+// iterations completed.
+var number = `\s+(?:[0-9]+\.[0-9]+|-?inf|-?nan)`
 
 // checkPerftest: the client prints perftest's results table with a row
 // for every size of the run, of the iterations asked for (any number in
