@@ -125,20 +125,28 @@ func TestPerftestMatrix(t *testing.T) {
 	p := Port{GIDs: []int{0, 1}, IPv4GID: 1, ActiveMTU: 1024}
 	runs := Perftest(p)
 	seen := map[string]bool{}
+	gid0 := map[string]bool{}
 	for _, r := range runs {
 		seen[r.Tool] = true
+		if strings.HasPrefix(r.Name(), r.Tool+" -x 0 -F") {
+			gid0[r.Tool] = true
+			continue
+		}
 		if !strings.HasPrefix(r.Name(), r.Tool+" -x 1 -F") || !r.Pair || r.check == nil {
 			t.Errorf("%s: %+v", r.Name(), r)
 		}
+	}
+	if len(gid0) != len(Tools) {
+		t.Errorf("tools at the other GID: %v", gid0)
 	}
 	for _, tool := range Tools {
 		if !seen[tool.Name()] {
 			t.Errorf("%s never runs", tool.Name())
 		}
 	}
-	want := map[string]int{ // runs per tool: connections × operations × modes, less refusals
-		"ib_write_bw": 2 * 5, "ib_read_bw": 5, "ib_send_bw": 3 * 5, "ib_atomic_bw": 2 * 4,
-		"ib_write_lat": 2 * 3, "ib_read_lat": 3, "ib_send_lat": 3 * 3, "ib_atomic_lat": 2 * 2,
+	want := map[string]int{ // runs per tool: connections × operations × modes, less refusals, and one at GID 0
+		"ib_write_bw": 2*5 + 1, "ib_read_bw": 5 + 1, "ib_send_bw": 3*5 + 1, "ib_atomic_bw": 2*4 + 1,
+		"ib_write_lat": 2*3 + 1, "ib_read_lat": 3 + 1, "ib_send_lat": 3*3 + 1, "ib_atomic_lat": 2*2 + 1,
 	}
 	count := map[string]int{}
 	for _, r := range runs {

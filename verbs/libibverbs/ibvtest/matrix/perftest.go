@@ -140,10 +140,11 @@ const (
 	ucSendBytes = 4 << 20
 )
 
-// Perftest returns the runs of every perftest tool between ports like p,
-// at p's IPv4 GID (-x): the cross product of Tools, Connections,
+// Perftest returns the runs of every perftest tool between ports like p:
+// at p's IPv4 GID (-x), the cross product of Tools, Connections,
 // AtomicOps (the atomic tools) and Modes, less what perftest refuses
-// (Refusal).
+// (Refusal); and each tool's first run (RC, one size) at each of p's
+// other GIDs.
 func Perftest(p Port) []Run {
 	var runs []Run
 	for _, t := range Tools {
@@ -156,18 +157,23 @@ func Perftest(p Port) []Run {
 				for _, mode := range Modes {
 					o := Options{Conn: conn, AtomicOp: op, Mode: mode}
 					if len(Refusal(t, o)) == 0 {
-						runs = append(runs, perftestRun(t, o, p))
+						runs = append(runs, perftestRun(t, o, p, p.IPv4GID))
 					}
 				}
+			}
+		}
+		for _, gid := range p.GIDs {
+			if gid != p.IPv4GID {
+				runs = append(runs, perftestRun(t, Options{Conn: "RC", AtomicOp: ops[0], Mode: Base}, p, gid))
 			}
 		}
 	}
 	return runs
 }
 
-// perftestRun is the run of tool t with options o.
-func perftestRun(t Tool, o Options, p Port) Run {
-	args := []string{"-x", strconv.Itoa(p.IPv4GID), "-F"}
+// perftestRun is the run of tool t with options o at GID index gid.
+func perftestRun(t Tool, o Options, p Port, gid int) Run {
+	args := []string{"-x", strconv.Itoa(gid), "-F"}
 	if o.Conn != "RC" {
 		args = append(args, "-c", o.Conn)
 	}
