@@ -4,10 +4,11 @@
 // every option of the matrix it accepts. The table is generated, not
 // listed: perftest's runs are the cross product of its tools, connection
 // types, atomic operations and modes, less what perftest's own parser
-// refuses (Refusal, which a test checks against the binaries); the
-// pingpong runs are each tool at every GID index and size the ports
-// offer. Each run carries its verdict, read from the programs' own exit
-// statuses and output (Judge).
+// refuses (Refusal, which a test checks against the binaries), and each
+// tool once more at every other GID the ports have; the pingpong runs
+// are each tool at every GID index and size the ports offer. Each run
+// carries its verdict, read from the programs' own exit statuses and
+// output (Judge).
 //
 // Two places run the table: verbs/libibverbs/ibvtest between the two
 // devices of an in-process appliance on a fake wire (no root needed), and

@@ -35,9 +35,9 @@ func (t Tool) Name() string {
 	return "ib_" + string(t.Verb) + "_lat"
 }
 
-// Tools are perftest 4.5's RDMA tools (besides raw_ethernet_*, which
-// need no RDMA device, and the DC, XRC and multicast variants, which
-// taproce's devices, as rxe's, do not offer).
+// Tools are perftest 4.5's RDMA tools: all but raw_ethernet_*, whose raw
+// packet QPs taproce's devices do not offer (nor do rxe's); nor do they
+// offer the connection types DC, XRC and SRD or multicast.
 var Tools = []Tool{
 	{Write, true}, {Read, true}, {Send, true}, {Atomic, true},
 	{Write, false}, {Read, false}, {Send, false}, {Atomic, false},
@@ -80,9 +80,9 @@ type Options struct {
 
 // Refusal returns what perftest 4.5 (Debian's 4.5-0.17; its parser,
 // src/perftest_parameters.c) says when it refuses the options o for tool
-// t and exits with status 1 before it looks for a device — one of the
-// messages, where it refuses for more than one reason — or "" when it
-// accepts them:
+// t and exits with status 1 before it looks for a device — a message for
+// each reason, of which it prints the first it checks — or nothing when
+// it accepts them:
 //
 //   - -c UD: change_conn_type allows UD for SEND only;
 //   - -c UC: and UC not for READ and ATOMIC;
