@@ -39,10 +39,6 @@ type Run struct {
 	Pair bool
 	// Timeout bounds the run; the programs are killed after it.
 	Timeout time.Duration
-	// Known, when set, is a failure taproce is known to have in this
-	// run somewhere it runs, and why. A runner reports the run's failure
-	// as known (a skip that says so) instead of failing.
-	Known string
 	// check reads the verdict from both sides' output, the exit statuses
 	// being zero.
 	check func(srv, cli Result) error

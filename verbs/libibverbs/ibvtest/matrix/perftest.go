@@ -130,14 +130,6 @@ const (
 	latSize   = 2
 	atomicLen = 8  // an atomic's size, the only one perftest allows
 	maxAllPow = 23 // -a's largest size is 2^23 bytes
-
-	// ucSendBytes is all a UC SEND bandwidth run sends (each way): a
-	// fraction of what a TAP's queue holds. Its server waits for every
-	// message, and UC sends are not paced to the receiver (unpacedUC):
-	// perftest's default, 1000 SENDs of 64 KiB, outruns the lab's
-	// receiving port and waits for ever; 200 pass on an idle machine,
-	// not surely on a busy one.
-	ucSendBytes = 4 << 20
 )
 
 // Perftest returns the runs of every perftest tool between ports like p:
@@ -194,7 +186,6 @@ func perftestRun(t Tool, o Options, p Port, gid int) Run {
 	if !t.BW {
 		iters = latIters
 	}
-	ucSend := t.Verb == Send && t.BW && o.Conn == "UC"
 	switch o.Mode {
 	case All:
 		sizes, iters = nil, allIters
@@ -207,20 +198,11 @@ func perftestRun(t Tool, o Options, p Port, gid int) Run {
 		args = append(args, strings.Fields(string(o.Mode))...)
 	case QPs:
 		iters = qpsIters
-		if ucSend {
-			iters = ucSendBytes / size / 4
-		}
 		args = append(args, strings.Fields(string(o.Mode))...)
 		args = append(args, "-n", strconv.Itoa(iters))
 	case Bidir:
-		if ucSend {
-			iters = ucSendBytes / size
-		}
 		args = append(args, "-b", "-n", strconv.Itoa(iters))
 	default:
-		if ucSend {
-			iters = ucSendBytes / size
-		}
 		args = append(args, "-n", strconv.Itoa(iters))
 	}
 	if t.Verb != Atomic && o.Mode != All {
@@ -232,18 +214,8 @@ func perftestRun(t Tool, o Options, p Port, gid int) Run {
 	}
 	r := Run{Tool: t.Name(), Package: "perftest", Args: args, Pair: true, Timeout: 120 * time.Second,
 		check: checkPerftest(t, o, sizes, rows)}
-	if ucSend && o.Mode == All {
-		r.Known, r.Timeout = unpacedUC, 30*time.Second
-	}
 	return r
 }
-
-// unpacedUC is the known failure of UC SEND bandwidth at -a's largest
-// sizes.
-const unpacedUC = "UC sends are not paced to the receiver: taproce sends a UC QP's whole send queue at once, " +
-	"and what a receiving TAP cannot queue (1000 frames) while the appliance reads is dropped by the kernel; " +
-	"-a ends with 5 SENDs of 8 MiB posted at once, the lab loses part of them, and perftest's UC SEND server " +
-	"waits for ever for the lost messages"
 
 // perftest's result tables (perftest_parameters.h: RESULT_FMT,
 // RESULT_FMT_LAT, RESULT_FMT_LAT_DUR and their REPORT_FMT rows).
