@@ -3,11 +3,13 @@ package appliance
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/taproce/taproce/appliance/cm"
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/appliance/transport"
 	"github.com/taproce/taproce/tap"
@@ -35,7 +37,9 @@ type NIC struct {
 	ticks  atomic.Uint64 // the tick loop's Tick calls
 	unhold func()        // takes the engine's held acknowledgements off a blocking loop
 	mads   madQueue      // MADs waiting for their destinations' MACs (SendMAD)
-	netns  uint64        // the inode of the port's namespace, when an Appliance made the NIC
+	cm     *cm.Manager   // the port's connection manager, on QP1 (cm.go)
+	cmEv   atomic.Pointer[func(cm.Event)]
+	netns  uint64 // the inode of the port's namespace, when an Appliance made the NIC
 }
 
 // localItem is a batch of frames crossing the local switch; refs, when
@@ -56,7 +60,10 @@ func OpenNIC(name string, cfg PortConfig, sw *Switch) (*NIC, error) {
 	if err != nil {
 		return nil, err
 	}
-	n.start(p)
+	if err := n.start(p); err != nil {
+		p.Close()
+		return nil, err
+	}
 	return n, nil
 }
 
@@ -69,16 +76,26 @@ func NewNIC(name string, dev tap.Device, cfg PortConfig, sw *Switch) (*NIC, erro
 	if err != nil {
 		return nil, err
 	}
-	n.start(p)
+	if err := n.start(p); err != nil {
+		p.Close()
+		return nil, err
+	}
 	return n, nil
 }
 
-func (n *NIC) start(p *Port) {
+func (n *NIC) start(p *Port) error {
 	n.port = p
 	n.mads.init()
+	m, err := cm.New(cm.Config{Wire: nicWire{n}, Events: n.cmEvent, GUID: p.MAC().EUI64()})
+	if err != nil {
+		n.mads.close()
+		return fmt.Errorf("NIC %s: %w", n.name, err)
+	}
+	n.cm = m
 	cfg := transport.Config{MAC: p.MAC(), GIDs: p.Station().GIDs(), MTU: p.Device().MTU(), Out: nicOutput{n},
 		Local: func(a netip.Addr) bool { return n.route(a) != nil }, AckDelay: p.cfg.AckDelay}
 	e := transport.NewEngine(cfg)
+	e.SetGSI(n.receiveMAD)
 	n.engine.Store(e)
 	if p.cfg.Loop.Blocking() {
 		// The blocking loop watches the acknowledgements held for company.
@@ -87,9 +104,11 @@ func (n *NIC) start(p *Port) {
 	if n.sw != nil {
 		n.sw.join(n)
 	}
-	n.wg.Add(2)
+	n.wg.Add(3)
 	go n.tickLoop(e)
 	go n.localLoop(e)
+	go n.cmLoop()
+	return nil
 }
 
 // Receive hands a RoCE packet from the port to the engine.

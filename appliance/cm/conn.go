@@ -705,7 +705,7 @@ func (m *Manager) toIdle(c *conn) {
 func (m *Manager) enterTimeWait(c *conn) {
 	m.leaveTables(c)
 	c.state = StateTimeWait
-	c.deadline = m.cfg.Now().Add(cmTime(c.avTimeout))
+	m.setDeadline(c, m.cfg.Now().Add(cmTime(c.avTimeout)))
 }
 
 // established moves a passive connection to StateEstablished: its RTU
@@ -749,7 +749,7 @@ func (m *Manager) expire(c *conn, now time.Time) {
 	}
 	if c.retries > 0 {
 		c.retries--
-		c.deadline = now.Add(c.msgTimeout)
+		m.setDeadline(c, now.Add(c.msgTimeout))
 		m.queueRaw(c.route, &c.msg)
 		return
 	}
@@ -775,7 +775,7 @@ func (m *Manager) sendWaiting(c *conn, msg *Message) {
 	}
 	m.queue(c.route, msg)
 	c.msgLive, c.retries = true, int(c.maxRetries)
-	c.deadline = m.cfg.Now().Add(c.msgTimeout)
+	m.setDeadline(c, m.cfg.Now().Add(c.msgTimeout))
 }
 
 // sendRTU sends c's RTU (cm_format_rtu): the REQ's transaction ID.

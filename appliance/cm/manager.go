@@ -55,7 +55,8 @@ type Config struct {
 // from within Events or Wire.SendMAD (a re-entrant call) queues its own
 // behind them.
 type Manager struct {
-	cfg Config
+	cfg  Config
+	wake chan struct{} // TimerWake
 
 	mu         sync.Mutex
 	rng        *rand.ChaCha8
@@ -165,6 +166,7 @@ func New(cfg Config) (*Manager, error) {
 		byRemoteQPN: map[remoteKey]*conn{},
 		byQPN:       map[uint32]*conn{},
 		sidrIn:      map[sidrKey]*conn{},
+		wake:        make(chan struct{}, 1),
 	}
 	m.idOperand = uint32(m.rng.Uint64())
 	m.idCounter = uint32(m.rng.Uint64())
@@ -303,6 +305,20 @@ func (m *Manager) Tick() {
 		}
 	}
 	m.unlock()
+}
+
+// TimerWake is signalled whenever the manager sets a timer: whoever runs
+// Tick at NextDeadline plans again, so that it may sleep while no timer
+// runs.
+func (m *Manager) TimerWake() <-chan struct{} { return m.wake }
+
+// setDeadline sets c's timer to t and signals TimerWake. m.mu is held.
+func (m *Manager) setDeadline(c *conn, t time.Time) {
+	c.deadline = t
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
 }
 
 // NextDeadline returns when Tick should run next, and false when no timer

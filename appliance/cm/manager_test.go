@@ -1176,3 +1176,26 @@ func TestCommIDs(t *testing.T) {
 		t.Errorf("seed 42 gave 0x%08x, then 0x%08x", ids[0], got)
 	}
 }
+
+// TestTimerWake: a REQ sent arms its retry timer and signals TimerWake, so
+// that a tick loop sleeping while no timer ran plans again; a manager
+// with nothing armed signals nothing.
+func TestTimerWake(t *testing.T) {
+	_, a, _, _ := pair(t, 1)
+	select {
+	case <-a.m.TimerWake():
+		t.Fatal("TimerWake signalled before any timer was set")
+	default:
+	}
+	if _, err := a.m.Connect(ownA, connectParams(addrA, addrB, 7174, 0x11)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-a.m.TimerWake():
+	default:
+		t.Fatal("no TimerWake after a REQ armed its timer")
+	}
+	if _, ok := a.m.NextDeadline(); !ok {
+		t.Fatal("no deadline after the REQ")
+	}
+}

@@ -197,7 +197,7 @@ func (m *Manager) onMRA(msg *Message) {
 		return
 	}
 	c.msgTimeout = cmTime(a.ServiceTimeout) + cmTime(c.avTimeout)
-	c.deadline = m.cfg.Now().Add(c.msgTimeout)
+	m.setDeadline(c, m.cfg.Now().Add(c.msgTimeout))
 }
 
 // onREJ is cm_rej_handler: the peer refused, or withdrew, what the ID

@@ -2,7 +2,6 @@ package control
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"math/bits"
@@ -93,7 +92,7 @@ func (ss *session) listDevices() *abi.ListDevicesReply {
 		}
 		out := &r.Devices[r.Count]
 		out.Name = abi.MakeName(d.Name)
-		out.NodeGUID = nodeGUID(d.MAC)
+		out.NodeGUID = d.MAC.EUI64()
 		out.MAC = d.MAC
 		if d.Netns == ss.netns {
 			out.Usable = 1
@@ -108,12 +107,6 @@ func (ss *session) listDevices() *abi.ListDevicesReply {
 		r.Count++
 	}
 	return r
-}
-
-// nodeGUID is the EUI-64 of a MAC, as rxe derives its node GUID.
-func nodeGUID(m roce.MAC) uint64 {
-	b := [8]byte{m[0] ^ 2, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]}
-	return binary.BigEndian.Uint64(b[:])
 }
 
 // portAttr is what ibv_query_port reports of d's port. max_mtu is the
@@ -139,7 +132,7 @@ func portAttr(d *Device) abi.PortAttr {
 }
 
 func deviceAttr(d *Device) abi.DeviceAttr {
-	g := nodeGUID(d.MAC)
+	g := d.MAC.EUI64()
 	return abi.DeviceAttr{
 		FWVer: abi.MakeName("1.0"), NodeGUID: g, SysImageGUID: g, MaxMRSize: 1 << 40, PageSizeCap: 0xfffff000,
 		VendorID: 0xFFFFFF, MaxQP: 1024, MaxQPWR: maxQPWR, DeviceCapFlag: 1<<4 | 1<<13, MaxSGE: abi.MaxSGE,

@@ -1,6 +1,9 @@
 package roce
 
-import "net/netip"
+import (
+	"encoding/binary"
+	"net/netip"
+)
 
 // GID is a 128-bit global identifier. On RoCEv2 it is the port's IP
 // address: IPv6 as is, IPv4 as the IPv4-mapped address ::ffff:a.b.c.d
@@ -29,6 +32,14 @@ func (g GID) String() string {
 		b = append(b, digits[g[i]>>4], digits[g[i]&0xF], digits[g[i+1]>>4], digits[g[i+1]&0xF])
 	}
 	return string(b)
+}
+
+// EUI64 returns the modified EUI-64 of m (RFC 4291 appendix A) as a
+// number: the interface identifier of LinkLocalGID, and the node GUID rxe
+// gives a port (its ibv_devinfo node_guid, the CM's Local CA GUID).
+func (m MAC) EUI64() uint64 {
+	g := LinkLocalGID(m)
+	return binary.BigEndian.Uint64(g[8:])
 }
 
 // LinkLocalGID returns the fe80:: GID a port derives from its MAC, the way

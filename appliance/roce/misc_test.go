@@ -195,3 +195,21 @@ func TestPKeyMatch(t *testing.T) {
 		}
 	}
 }
+
+// TestEUI64 checks the node GUID against rxe's for the peer VM's MAC
+// (shared/peer/results/rxe-device-info.txt: node_guid 5054:00ff:fe63:0002
+// for 52:54:00:63:00:02) and against the link-local GID's identifier.
+func TestEUI64(t *testing.T) {
+	for _, c := range []struct {
+		mac  roce.MAC
+		want uint64
+	}{
+		{roce.MAC{0x52, 0x54, 0x00, 0x63, 0x00, 0x02}, 0x505400fffe630002},
+		{roce.MAC{0x02, 0x00, 0x00, 0x00, 0x00, 0x01}, 0x000000fffe000001},
+		{roce.MAC{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, 0xfdfffffffeffffff},
+	} {
+		if got := c.mac.EUI64(); got != c.want {
+			t.Errorf("%v: EUI64 %#016x, want %#016x", c.mac, got, c.want)
+		}
+	}
+}
