@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/taproce/taproce/appliance"
+	"github.com/taproce/taproce/appliance/cm"
 	"github.com/taproce/taproce/appliance/station"
 	"github.com/taproce/taproce/appliance/transport"
 	"github.com/taproce/taproce/internal/impair"
@@ -53,6 +54,10 @@ var portLabels = []string{"device", "port"}
 
 func portDesc(name, help string, extra ...string) *prometheus.Desc {
 	return prometheus.NewDesc(prometheus.BuildFQName(Namespace, "port", name), help, append(append([]string(nil), portLabels...), extra...), nil)
+}
+
+func cmDesc(name, help string, extra ...string) *prometheus.Desc {
+	return prometheus.NewDesc(prometheus.BuildFQName(Namespace, "cm", name), help, append(append([]string(nil), portLabels...), extra...), nil)
 }
 
 func transportDesc(name, help string, extra ...string) *prometheus.Desc {
@@ -90,6 +95,14 @@ var (
 	descGSISent      = transportDesc("gsi_mads_sent_total", "MADs QP1 sent.")
 	descGSIDropped   = transportDesc("gsi_mads_dropped_total", "MADs QP1 dropped, by direction and reason: received (also in packets_dropped_total) — no_handler (no connection manager), opcode (not a UD SEND), pkey (P_Key outside the default partition), qkey (not the GSI Q_Key 0x80010000), length (not 256 bytes), as rxe's checks and its MAD layer's receive buffer drop them; sent — queue_full (too many waited for address resolution), unresolved (the destination's MAC did not resolve), invalid (a MAD or address the transport refused).", "direction", "reason")
 
+	descCMReceived   = cmDesc("mads_received_total", "CM MADs (IBA 12.6) the port's connection manager took, by attribute (REQ, REP, RTU, DREQ, …).", "attr")
+	descCMSent       = cmDesc("mads_sent_total", "CM MADs the connection manager sent first or as answers, by attribute.", "attr")
+	descCMRetries    = cmDesc("retries_total", "CM MADs sent again after their response timeout (REQ, REP, DREQ, SIDR_REQ), by attribute.", "attr")
+	descCMDuplicates = cmDesc("duplicates_total", "CM MADs received again, answered again or ignored, by attribute.", "attr")
+	descCMTimeouts   = cmDesc("timeouts_total", "CM MADs whose retries ran out, by attribute.", "attr")
+	descCMDropped    = cmDesc("mads_dropped_total", "MADs the connection manager dropped, by reason: malformed, unsupported (LAP, APR, ClassPortInfo), unknown_id, state, qpn, backlog (a listener's full), limit (too many IDs).", "reason")
+	descCMIDs        = cmDesc("ids", "The connection manager's IDs, listeners among them, by state (IBA 12.9).", "state")
+
 	descPorts       = globalDesc("ports", "Ports (verbs devices) of the appliance.")
 	descClients     = globalDesc("clients", "Clients connected to the control socket.")
 	descPDs         = globalDesc("pds", "Protection domains of all clients.")
@@ -109,6 +122,7 @@ var (
 		descRxFrames, descRxBytes, descTxFrames, descTxBytes, descRxErrors, descTxErrors, descDelivered, descDrops, descImpair, descMTU,
 		descSent, descReceived, descDropped, descRejected, descRetransmits, descTimeouts, descNAKs, descRNRNAKs, descDupRequests, descDupResponses,
 		descGSIReceived, descGSISent, descGSIDropped,
+		descCMReceived, descCMSent, descCMRetries, descCMDuplicates, descCMTimeouts, descCMDropped, descCMIDs,
 		descPorts, descClients, descPDs, descMRs, descMRBytes, descCQs, descQPs, descSRQs, descAHs, descChannels, descClientFds,
 		descRefused, descSwitch, descAttachments,
 	}
@@ -189,6 +203,21 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		for r, v := range n.GSIStats().Dropped {
 			counter(descGSIDropped, v, dev, port, "sent", appliance.MADDropReason(r).String())
+		}
+		cs := n.CM().Stats()
+		for i := range cm.NumAttrs {
+			attr := (cm.AttrREQ + cm.AttrID(i)).String()
+			counter(descCMReceived, cs.Received[i], dev, port, attr)
+			counter(descCMSent, cs.Sent[i], dev, port, attr)
+			counter(descCMRetries, cs.Retries[i], dev, port, attr)
+			counter(descCMDuplicates, cs.Duplicates[i], dev, port, attr)
+			counter(descCMTimeouts, cs.Timeouts[i], dev, port, attr)
+		}
+		for r, v := range cs.Drops {
+			counter(descCMDropped, v, dev, port, cm.DropReason(r).String())
+		}
+		for st, v := range cs.States {
+			gauge(descCMIDs, float64(v), dev, port, cm.State(st).String())
 		}
 	}
 	gauge(descPorts, float64(len(nics)))

@@ -125,9 +125,9 @@ func TestCollector(t *testing.T) {
 		t.Errorf("counters did not move:\n%s", grep(text, devA))
 	}
 
-	// A MAD from taproce0 to taproce1, which has no connection manager,
-	// crosses the local switch and is dropped there; one of the wrong size
-	// is refused.
+	// A MAD of zeros from taproce0 to taproce1 crosses the local switch,
+	// reaches taproce1's QP1 and is dropped by its connection manager as
+	// malformed; one of the wrong size is refused.
 	nics := app.NICs()
 	if err := nics[0].SendMAD(netip.Addr{}, netip.AddrFrom4([4]byte{10, 66, 0, 2}), make([]byte, transport.MADSize)); err != nil {
 		t.Fatal(err)
@@ -135,7 +135,9 @@ func TestCollector(t *testing.T) {
 	_ = nics[0].SendMAD(netip.Addr{}, netip.AddrFrom4([4]byte{10, 66, 0, 2}), make([]byte, 3))
 	for _, want := range []string{
 		"taproce_transport_gsi_mads_sent_total{" + devA + "} 1",
-		`taproce_transport_gsi_mads_dropped_total{device="taproce1",direction="received",port="nsb/` + b.Name() + `",reason="no_handler"} 1`,
+		`taproce_transport_gsi_mads_received_total{device="taproce1",port="nsb/` + b.Name() + `"} 1`,
+		`taproce_cm_mads_dropped_total{device="taproce1",port="nsb/` + b.Name() + `",reason="malformed"} 1`,
+		`taproce_cm_ids{device="taproce1",port="nsb/` + b.Name() + `",state="IDLE"} 0`,
 		`taproce_transport_gsi_mads_dropped_total{device="taproce0",direction="sent",port="nsa/` + a.Name() + `",reason="invalid"} 1`,
 	} {
 		for deadline := time.Now().Add(5 * time.Second); !strings.Contains(text, want); text = scrape(t, h) {
