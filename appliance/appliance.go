@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"runtime"
 	"sort"
@@ -234,7 +235,11 @@ func (a *Appliance) AddPortOn(dev tap.Device, cfg PortConfig) (*NIC, error) {
 	a.nics[name] = n
 	a.mu.Unlock()
 	a.ctrl.AddDevice(&control.Device{Name: name, Netns: ino, Engine: n.Engine(), MAC: n.Port().MAC(), MTU: n.MTU(),
-		GIDs: n.GIDs, Resolve: n.Resolve, Up: n.Port().Up})
+		GIDs: n.GIDs, Resolve: n.Resolve, Up: n.Port().Up, CM: n.CM(), SetCMEvents: n.SetCMEvents,
+		Route: func(dst netip.Addr) (netip.Addr, error) {
+			r, err := n.Route(dst)
+			return r.Src, err
+		}})
 	return n, nil
 }
 

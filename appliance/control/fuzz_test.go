@@ -69,6 +69,15 @@ func FuzzControl(f *testing.F) {
 	f.Add(seed(abi.OpRegMR, &abi.RegMRRequest{PD: 1, Addr: 0x1000, Length: 4096, Size: 4096, Access: 1}),
 		seed(abi.OpRegMR, &abi.RegMRRequest{PD: 1, Length: 1, Size: 4096}), uint8(1), uint8(9))
 	f.Add([]byte{1, 2, 3}, seed(abi.OpQueryPort, nil), uint8(4), uint8(1))
+	// The RDMA CM's ops, on a server whose devices have no manager.
+	f.Add(seed(abi.OpCMCreateID, &abi.CMCreateIDRequest{PortSpace: abi.CMPortSpaceTCP, QPType: 2}),
+		seed(abi.OpCMListen, &abi.CMIDRequest{ID: 1}), uint8(0), uint8(0))
+	f.Add(seed(abi.OpCMCreateID, &abi.CMCreateIDRequest{PortSpace: abi.CMPortSpaceUDP, QPType: 4}),
+		seed(abi.OpCMResolveAddr, &abi.CMAddrRequest{ID: 1, Dst: abi.SockAddr{Family: abi.AFInet, Port: 1}}), uint8(0), uint8(0))
+	f.Add(seed(abi.OpCMConnect, &abi.CMConnectRequest{ID: 1, Param: abi.CMConnParam{PrivateDataLen: 255}}),
+		seed(abi.OpCMInitQPAttr, &abi.CMIDRequest{ID: 1, Arg: 3}), uint8(0), uint8(0))
+	f.Add(seed(abi.OpCMCreateID, &abi.CMCreateIDRequest{PortSpace: abi.CMPortSpaceIB, QPType: 3}),
+		seed(abi.OpCMDestroyID, &abi.CMIDRequest{ID: 1}), uint8(0), uint8(1))
 	srv := New(Config{Socket: "/nonexistent", Logger: slog.New(slog.DiscardHandler)})
 	fds := attachable(f, 9, true)
 	f.Fuzz(func(t *testing.T, a, b []byte, fdsA, fdsB uint8) {

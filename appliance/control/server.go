@@ -27,6 +27,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/taproce/taproce/appliance/cm"
 	"github.com/taproce/taproce/appliance/poll"
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/appliance/transport"
@@ -56,6 +57,13 @@ type Device struct {
 	Resolve func(ctx context.Context, a netip.Addr) (roce.MAC, error)
 	// Up reports whether the port works (nil: always).
 	Up func() bool
+	// CM is the port's connection manager, nil for none; SetCMEvents
+	// sends its events where the server says (the RDMA CM ops, cm.go).
+	CM          *cm.Manager
+	SetCMEvents func(func(cm.Event))
+	// Route returns the port's source address towards dst, or an error
+	// when the port does not reach it (rdma_resolve_addr).
+	Route func(dst netip.Addr) (netip.Addr, error)
 }
 
 // DefaultSocketMode is the socket file's permission bits unless
@@ -123,6 +131,11 @@ type Server struct {
 	pools    *pools        // what all clients hold
 	refused  atomic.Uint64 // connections refused
 	refusing atomic.Int32  // refused connections being answered
+
+	owners    sync.Map      // cm.Owner → *session: the sessions that made CM IDs
+	nextOwner atomic.Uint64 // the last cm.Owner given out
+	portMu    sync.Mutex
+	nextPort  uint16 // the next ephemeral port to try (ephemeralPort)
 }
 
 // New returns a server for cfg; Serve starts it.
@@ -171,9 +184,27 @@ func NetnsInode(path string) (uint64, error) {
 
 // AddDevice makes d available to clients.
 func (s *Server) AddDevice(d *Device) {
+	if d.CM != nil && d.SetCMEvents != nil {
+		d.SetCMEvents(func(ev cm.Event) { s.cmEvent(d, ev) })
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.devices[d.Name] = d
+}
+
+// ephemeralPort returns a port for an ID that listens without one, from
+// Linux's default ip_local_port_range (32768–60999), in turn; the
+// manager refuses one a listener holds (EADDRINUSE), as the kernel
+// would have skipped it.
+func (s *Server) ephemeralPort() uint16 {
+	s.portMu.Lock()
+	defer s.portMu.Unlock()
+	if s.nextPort < 32768 || s.nextPort > 60999 {
+		s.nextPort = 32768 + uint16(time.Now().UnixNano()%28232)
+	}
+	p := s.nextPort
+	s.nextPort++
+	return p
 }
 
 // RemoveDevice withdraws a device: its clients get IBV_EVENT_DEVICE_FATAL

@@ -55,6 +55,11 @@ type session struct {
 	cancel context.CancelFunc
 	unpoll func()                     // takes pollOnce out of the server's loop (Config.Loop); under mu
 	rings  atomic.Pointer[[]ringWork] // what the poller drains, rebuilt on change
+	// cm is the session's RDMA CM state (cm.go), under cmMu.
+	cmMu sync.Mutex
+	cm   cmState
+	cmQ  chan cmItem // CM events on their way, in order (cmSender); set once, under cmMu
+
 	// opened is dev, for readers that must not wait for ss.mu: a port's
 	// link events, delivered on the appliance's polling loop, while a
 	// teardown may hold ss.mu for seconds.
@@ -99,7 +104,8 @@ func (ss *session) device() *Device { return ss.opened.Load() }
 // (shmem.ErrTruncated) and ends the session.
 var requestBuf = abi.HeaderLen + maxSize(&abi.OpenRequest{}, &abi.RegMRRequest{}, &abi.RegMRSegmentsRequest{}, &abi.CreateCQRequest{},
 	&abi.CreateQPRequest{}, &abi.ModifyQPRequest{}, &abi.HandleRequest{}, &abi.CreateSRQRequest{},
-	&abi.ModifySRQRequest{}, &abi.CreateAHRequest{})
+	&abi.ModifySRQRequest{}, &abi.CreateAHRequest{}, &abi.CMCreateIDRequest{}, &abi.CMIDRequest{}, &abi.CMAddrRequest{},
+	&abi.CMConnectRequest{})
 
 // maxSize returns the largest encoded size of vs.
 func maxSize(vs ...any) int {
@@ -280,6 +286,14 @@ func (ss *session) handle(op abi.Op, body []byte, fds received) (any, []int, err
 		return nil, nil, fmt.Errorf("%w: %v with %d descriptors, it takes %d", errDescriptors, op, len(fds), want)
 	}
 	decode := func(v any) error { return abi.DecodeBody(body, v) }
+	if op >= abi.OpCMCreateID && op <= abi.OpCMInitQPAttr {
+		// The RDMA CM's ops need no opened device (an event channel).
+		reply, err := ss.cmHandle(op, decode)
+		return reply, nil, err
+	}
+	if op == abi.OpCMEvent {
+		return nil, nil, fmt.Errorf("%w: events go to clients, not from them", abi.ErrOp)
+	}
 	if op != abi.OpListDevices && op != abi.OpOpen {
 		ss.mu.Lock()
 		opened := ss.dev != nil
@@ -446,6 +460,7 @@ func (ss *session) newHandle() abi.Handle {
 // teardown destroys everything the client made. Its QPs are killed, so
 // their peers get NAKs and fail instead of retrying into the void.
 func (ss *session) teardown() {
+	ss.cmTeardown()
 	ss.cancel()
 	ss.mu.Lock()
 	unpoll := ss.unpoll

@@ -115,12 +115,28 @@ const (
 	OpDestroyAH
 	OpEvent
 	OpRegMRSegments
+	OpCMCreateID
+	OpCMDestroyID
+	OpCMBind
+	OpCMResolveAddr
+	OpCMResolveRoute
+	OpCMQuery
+	OpCMListen
+	OpCMConnect
+	OpCMAccept
+	OpCMReject
+	OpCMDisconnect
+	OpCMEstablish
+	OpCMInitQPAttr
+	OpCMEvent
 	opMax
 )
 
 var opNames = [...]string{"", "list-devices", "open", "query-port", "alloc-pd", "dealloc-pd", "reg-mr",
 	"dereg-mr", "create-channel", "destroy-channel", "create-cq", "destroy-cq", "create-qp", "modify-qp",
-	"query-qp", "destroy-qp", "create-srq", "modify-srq", "destroy-srq", "create-ah", "destroy-ah", "event", "reg-mr-segments"}
+	"query-qp", "destroy-qp", "create-srq", "modify-srq", "destroy-srq", "create-ah", "destroy-ah", "event", "reg-mr-segments",
+	"cm-create-id", "cm-destroy-id", "cm-bind", "cm-resolve-addr", "cm-resolve-route", "cm-query", "cm-listen",
+	"cm-connect", "cm-accept", "cm-reject", "cm-disconnect", "cm-establish", "cm-init-qp-attr", "cm-event"}
 
 func (o Op) String() string {
 	if o < opMax {

@@ -31,6 +31,8 @@ var cStructs = []any{
 	CreateCQRequest{}, CreateCQReply{}, QPCaps{}, CreateQPRequest{}, CreateQPReply{}, QPAttr{},
 	ModifyQPRequest{}, QueryQPReply{}, CreateSRQRequest{}, CreateSRQReply{}, ModifySRQRequest{},
 	CreateAHRequest{}, Event{},
+	SockAddr{}, CMCreateIDRequest{}, CMIDReply{}, CMIDRequest{}, CMDestroyReply{}, CMAddrRequest{}, CMQueryReply{},
+	CMConnParam{}, CMConnectRequest{}, CMInitQPAttrReply{}, CMEvent{},
 }
 
 // slotField is where a ring slot's encoder (Put) writes one field.
@@ -108,6 +110,16 @@ func cConsts() [][]cConst {
 			{"WC_FETCH_ADD", WCFetchAdd}, {"WC_RECV", WCRecv}, {"WC_RECV_RDMA_WITH_IMM", WCRecvRDMAImm},
 			{"WC_GRH", WCGRH}, {"WC_WITH_IMM", WCWithImm}, {"WC_WITH_INV", WCWithInv}},
 		maskConsts(),
+		{{"CM_PS_IPOIB", CMPortSpaceIPoIB}, {"CM_PS_IB", CMPortSpaceIB}, {"CM_PS_TCP", CMPortSpaceTCP}, {"CM_PS_UDP", CMPortSpaceUDP},
+			{"CM_MAX_PRIVATE_DATA", CMMaxPrivateData}, {"AF_INET", AFInet}, {"AF_INET6", AFInet6},
+			{"CM_EVENT_ADDR_RESOLVED", CMEventAddrResolved}, {"CM_EVENT_ADDR_ERROR", CMEventAddrError},
+			{"CM_EVENT_ROUTE_RESOLVED", CMEventRouteResolved}, {"CM_EVENT_ROUTE_ERROR", CMEventRouteError},
+			{"CM_EVENT_CONNECT_REQUEST", CMEventConnectRequest}, {"CM_EVENT_CONNECT_RESPONSE", CMEventConnectResponse},
+			{"CM_EVENT_CONNECT_ERROR", CMEventConnectError}, {"CM_EVENT_UNREACHABLE", CMEventUnreachable},
+			{"CM_EVENT_REJECTED", CMEventRejected}, {"CM_EVENT_ESTABLISHED", CMEventEstablished},
+			{"CM_EVENT_DISCONNECTED", CMEventDisconnected}, {"CM_EVENT_DEVICE_REMOVAL", CMEventDeviceRemoval},
+			{"CM_EVENT_MULTICAST_JOIN", CMEventMulticastJoin}, {"CM_EVENT_MULTICAST_ERROR", CMEventMulticastError},
+			{"CM_EVENT_ADDR_CHANGE", CMEventAddrChange}, {"CM_EVENT_TIMEWAIT_EXIT", CMEventTimewaitExit}},
 	}
 }
 

@@ -40,6 +40,20 @@
 #define TAPROCE_OP_DESTROY_AH 20
 #define TAPROCE_OP_EVENT 21
 #define TAPROCE_OP_REG_MR_SEGMENTS 22
+#define TAPROCE_OP_CM_CREATE_ID 23
+#define TAPROCE_OP_CM_DESTROY_ID 24
+#define TAPROCE_OP_CM_BIND 25
+#define TAPROCE_OP_CM_RESOLVE_ADDR 26
+#define TAPROCE_OP_CM_RESOLVE_ROUTE 27
+#define TAPROCE_OP_CM_QUERY 28
+#define TAPROCE_OP_CM_LISTEN 29
+#define TAPROCE_OP_CM_CONNECT 30
+#define TAPROCE_OP_CM_ACCEPT 31
+#define TAPROCE_OP_CM_REJECT 32
+#define TAPROCE_OP_CM_DISCONNECT 33
+#define TAPROCE_OP_CM_ESTABLISH 34
+#define TAPROCE_OP_CM_INIT_QP_ATTR 35
+#define TAPROCE_OP_CM_EVENT 36
 
 #define TAPROCE_STATE_BYTES 64
 #define TAPROCE_SEND_SLOT 512
@@ -211,6 +225,30 @@
 #define TAPROCE_QP_PATH_MIG_STATE 262144
 #define TAPROCE_QP_CAP 524288
 #define TAPROCE_QP_DEST_QPN 1048576
+
+#define TAPROCE_CM_PS_IPOIB 2
+#define TAPROCE_CM_PS_IB 319
+#define TAPROCE_CM_PS_TCP 262
+#define TAPROCE_CM_PS_UDP 273
+#define TAPROCE_CM_MAX_PRIVATE_DATA 224
+#define TAPROCE_AF_INET 2
+#define TAPROCE_AF_INET6 10
+#define TAPROCE_CM_EVENT_ADDR_RESOLVED 0
+#define TAPROCE_CM_EVENT_ADDR_ERROR 1
+#define TAPROCE_CM_EVENT_ROUTE_RESOLVED 2
+#define TAPROCE_CM_EVENT_ROUTE_ERROR 3
+#define TAPROCE_CM_EVENT_CONNECT_REQUEST 4
+#define TAPROCE_CM_EVENT_CONNECT_RESPONSE 5
+#define TAPROCE_CM_EVENT_CONNECT_ERROR 6
+#define TAPROCE_CM_EVENT_UNREACHABLE 7
+#define TAPROCE_CM_EVENT_REJECTED 8
+#define TAPROCE_CM_EVENT_ESTABLISHED 9
+#define TAPROCE_CM_EVENT_DISCONNECTED 10
+#define TAPROCE_CM_EVENT_DEVICE_REMOVAL 11
+#define TAPROCE_CM_EVENT_MULTICAST_JOIN 12
+#define TAPROCE_CM_EVENT_MULTICAST_ERROR 13
+#define TAPROCE_CM_EVENT_ADDR_CHANGE 14
+#define TAPROCE_CM_EVENT_TIMEWAIT_EXIT 15
 
 struct taproce_header {
 	uint16_t magic;
@@ -657,5 +695,168 @@ _Static_assert(sizeof(struct taproce_event) == 12, "Event");
 _Static_assert(offsetof(struct taproce_event, type) == 0, "Event.Type");
 _Static_assert(offsetof(struct taproce_event, handle) == 4, "Event.Handle");
 _Static_assert(offsetof(struct taproce_event, port) == 8, "Event.Port");
+
+struct taproce_sock_addr {
+	uint16_t family;
+	uint16_t port;
+	uint32_t scope_id;
+	uint8_t addr[16];
+} __attribute__((packed));
+_Static_assert(sizeof(struct taproce_sock_addr) == 24, "SockAddr");
+_Static_assert(offsetof(struct taproce_sock_addr, family) == 0, "SockAddr.Family");
+_Static_assert(offsetof(struct taproce_sock_addr, port) == 2, "SockAddr.Port");
+_Static_assert(offsetof(struct taproce_sock_addr, scope_id) == 4, "SockAddr.ScopeID");
+_Static_assert(offsetof(struct taproce_sock_addr, addr) == 8, "SockAddr.Addr");
+
+struct taproce_cm_create_id_request {
+	uint64_t context;
+	uint16_t port_space;
+	uint8_t qp_type;
+	uint8_t _pad0[5];
+} __attribute__((packed));
+_Static_assert(sizeof(struct taproce_cm_create_id_request) == 16, "CMCreateIDRequest");
+_Static_assert(offsetof(struct taproce_cm_create_id_request, context) == 0, "CMCreateIDRequest.Context");
+_Static_assert(offsetof(struct taproce_cm_create_id_request, port_space) == 8, "CMCreateIDRequest.PortSpace");
+_Static_assert(offsetof(struct taproce_cm_create_id_request, qp_type) == 10, "CMCreateIDRequest.QPType");
+
+struct taproce_cmid_reply {
+	int32_t errnum;
+	uint32_t id;
+} __attribute__((packed));
+_Static_assert(sizeof(struct taproce_cmid_reply) == 8, "CMIDReply");
+_Static_assert(offsetof(struct taproce_cmid_reply, errnum) == 0, "CMIDReply.Errno");
+_Static_assert(offsetof(struct taproce_cmid_reply, id) == 4, "CMIDReply.ID");
+
+struct taproce_cmid_request {
+	uint32_t id;
+	uint32_t arg;
+} __attribute__((packed));
+_Static_assert(sizeof(struct taproce_cmid_request) == 8, "CMIDRequest");
+_Static_assert(offsetof(struct taproce_cmid_request, id) == 0, "CMIDRequest.ID");
+_Static_assert(offsetof(struct taproce_cmid_request, arg) == 4, "CMIDRequest.Arg");
+
+struct taproce_cm_destroy_reply {
+	int32_t errnum;
+	uint32_t events_reported;
+} __attribute__((packed));
+_Static_assert(sizeof(struct taproce_cm_destroy_reply) == 8, "CMDestroyReply");
+_Static_assert(offsetof(struct taproce_cm_destroy_reply, errnum) == 0, "CMDestroyReply.Errno");
+_Static_assert(offsetof(struct taproce_cm_destroy_reply, events_reported) == 4, "CMDestroyReply.EventsReported");
+
+struct taproce_cm_addr_request {
+	uint32_t id;
+	uint32_t timeout_ms;
+	struct taproce_sock_addr src;
+	struct taproce_sock_addr dst;
+} __attribute__((packed));
+_Static_assert(sizeof(struct taproce_cm_addr_request) == 56, "CMAddrRequest");
+_Static_assert(offsetof(struct taproce_cm_addr_request, id) == 0, "CMAddrRequest.ID");
+_Static_assert(offsetof(struct taproce_cm_addr_request, timeout_ms) == 4, "CMAddrRequest.TimeoutMs");
+_Static_assert(offsetof(struct taproce_cm_addr_request, src) == 8, "CMAddrRequest.Src");
+_Static_assert(offsetof(struct taproce_cm_addr_request, dst) == 32, "CMAddrRequest.Dst");
+
+struct taproce_cm_query_reply {
+	int32_t errnum;
+	uint8_t device[32];
+	uint8_t port;
+	uint8_t path_mtu;
+	uint8_t hop_limit;
+	uint8_t tclass;
+	uint16_t pkey;
+	uint8_t _pad0[2];
+	uint32_t flow_label;
+	uint32_t sgid_index;
+	struct taproce_sock_addr src;
+	struct taproce_sock_addr dst;
+	uint8_t sgid[16];
+	uint8_t dgid[16];
+} __attribute__((packed));
+_Static_assert(sizeof(struct taproce_cm_query_reply) == 132, "CMQueryReply");
+_Static_assert(offsetof(struct taproce_cm_query_reply, errnum) == 0, "CMQueryReply.Errno");
+_Static_assert(offsetof(struct taproce_cm_query_reply, device) == 4, "CMQueryReply.Device");
+_Static_assert(offsetof(struct taproce_cm_query_reply, port) == 36, "CMQueryReply.Port");
+_Static_assert(offsetof(struct taproce_cm_query_reply, path_mtu) == 37, "CMQueryReply.PathMTU");
+_Static_assert(offsetof(struct taproce_cm_query_reply, hop_limit) == 38, "CMQueryReply.HopLimit");
+_Static_assert(offsetof(struct taproce_cm_query_reply, tclass) == 39, "CMQueryReply.TClass");
+_Static_assert(offsetof(struct taproce_cm_query_reply, pkey) == 40, "CMQueryReply.PKey");
+_Static_assert(offsetof(struct taproce_cm_query_reply, flow_label) == 44, "CMQueryReply.FlowLabel");
+_Static_assert(offsetof(struct taproce_cm_query_reply, sgid_index) == 48, "CMQueryReply.SGIDIndex");
+_Static_assert(offsetof(struct taproce_cm_query_reply, src) == 52, "CMQueryReply.Src");
+_Static_assert(offsetof(struct taproce_cm_query_reply, dst) == 76, "CMQueryReply.Dst");
+_Static_assert(offsetof(struct taproce_cm_query_reply, sgid) == 100, "CMQueryReply.SGID");
+_Static_assert(offsetof(struct taproce_cm_query_reply, dgid) == 116, "CMQueryReply.DGID");
+
+struct taproce_cm_conn_param {
+	uint32_t qpn;
+	uint32_t qkey;
+	uint8_t responder_resources;
+	uint8_t initiator_depth;
+	uint8_t flow_control;
+	uint8_t retry_count;
+	uint8_t rnr_retry_count;
+	uint8_t srq;
+	uint8_t private_data_len;
+	uint8_t _pad0;
+	uint8_t private_data[224];
+} __attribute__((packed));
+_Static_assert(sizeof(struct taproce_cm_conn_param) == 240, "CMConnParam");
+_Static_assert(offsetof(struct taproce_cm_conn_param, qpn) == 0, "CMConnParam.QPN");
+_Static_assert(offsetof(struct taproce_cm_conn_param, qkey) == 4, "CMConnParam.QKey");
+_Static_assert(offsetof(struct taproce_cm_conn_param, responder_resources) == 8, "CMConnParam.ResponderResources");
+_Static_assert(offsetof(struct taproce_cm_conn_param, initiator_depth) == 9, "CMConnParam.InitiatorDepth");
+_Static_assert(offsetof(struct taproce_cm_conn_param, flow_control) == 10, "CMConnParam.FlowControl");
+_Static_assert(offsetof(struct taproce_cm_conn_param, retry_count) == 11, "CMConnParam.RetryCount");
+_Static_assert(offsetof(struct taproce_cm_conn_param, rnr_retry_count) == 12, "CMConnParam.RNRRetryCount");
+_Static_assert(offsetof(struct taproce_cm_conn_param, srq) == 13, "CMConnParam.SRQ");
+_Static_assert(offsetof(struct taproce_cm_conn_param, private_data_len) == 14, "CMConnParam.PrivateDataLen");
+_Static_assert(offsetof(struct taproce_cm_conn_param, private_data) == 16, "CMConnParam.PrivateData");
+
+struct taproce_cm_connect_request {
+	uint32_t id;
+	uint32_t _pad0;
+	struct taproce_cm_conn_param param;
+} __attribute__((packed));
+_Static_assert(sizeof(struct taproce_cm_connect_request) == 248, "CMConnectRequest");
+_Static_assert(offsetof(struct taproce_cm_connect_request, id) == 0, "CMConnectRequest.ID");
+_Static_assert(offsetof(struct taproce_cm_connect_request, param) == 8, "CMConnectRequest.Param");
+
+struct taproce_cm_init_qp_attr_reply {
+	int32_t errnum;
+	uint32_t mask;
+	struct taproce_qp_attr attr;
+} __attribute__((packed));
+_Static_assert(sizeof(struct taproce_cm_init_qp_attr_reply) == 72, "CMInitQPAttrReply");
+_Static_assert(offsetof(struct taproce_cm_init_qp_attr_reply, errnum) == 0, "CMInitQPAttrReply.Errno");
+_Static_assert(offsetof(struct taproce_cm_init_qp_attr_reply, mask) == 4, "CMInitQPAttrReply.Mask");
+_Static_assert(offsetof(struct taproce_cm_init_qp_attr_reply, attr) == 8, "CMInitQPAttrReply.Attr");
+
+struct taproce_cm_event {
+	uint32_t id;
+	uint32_t listener;
+	uint64_t context;
+	uint32_t event;
+	int32_t status;
+	struct taproce_cm_conn_param param;
+	struct taproce_sock_addr src;
+	struct taproce_sock_addr dst;
+	uint8_t dgid[16];
+	uint32_t flow_label;
+	uint8_t hop_limit;
+	uint8_t tclass;
+	uint8_t _pad0[2];
+} __attribute__((packed));
+_Static_assert(sizeof(struct taproce_cm_event) == 336, "CMEvent");
+_Static_assert(offsetof(struct taproce_cm_event, id) == 0, "CMEvent.ID");
+_Static_assert(offsetof(struct taproce_cm_event, listener) == 4, "CMEvent.Listener");
+_Static_assert(offsetof(struct taproce_cm_event, context) == 8, "CMEvent.Context");
+_Static_assert(offsetof(struct taproce_cm_event, event) == 16, "CMEvent.Event");
+_Static_assert(offsetof(struct taproce_cm_event, status) == 20, "CMEvent.Status");
+_Static_assert(offsetof(struct taproce_cm_event, param) == 24, "CMEvent.Param");
+_Static_assert(offsetof(struct taproce_cm_event, src) == 264, "CMEvent.Src");
+_Static_assert(offsetof(struct taproce_cm_event, dst) == 288, "CMEvent.Dst");
+_Static_assert(offsetof(struct taproce_cm_event, dgid) == 312, "CMEvent.DGID");
+_Static_assert(offsetof(struct taproce_cm_event, flow_label) == 328, "CMEvent.FlowLabel");
+_Static_assert(offsetof(struct taproce_cm_event, hop_limit) == 332, "CMEvent.HopLimit");
+_Static_assert(offsetof(struct taproce_cm_event, tclass) == 333, "CMEvent.TClass");
 
 #endif /* TAPROCE_ABI_H */
