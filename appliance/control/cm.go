@@ -130,7 +130,15 @@ func (ss *session) cmSender(q chan cmItem) {
 				continue
 			}
 			msg, err := abi.Encode(nil, abi.Header{Op: abi.OpCMEvent, Flags: abi.FlagEvent}, ev)
-			if err == nil && ss.send(msg) != nil {
+			if err != nil {
+				continue
+			}
+			if c := ss.evconn.Load(); c != nil {
+				err = ss.sendOn(c, msg)
+			} else {
+				err = ss.send(msg)
+			}
+			if err != nil {
 				return
 			}
 		case <-ss.ctx.Done():

@@ -5,6 +5,7 @@ import (
 
 	"net"
 	"net/netip"
+	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -20,8 +21,10 @@ import (
 type cmClient struct {
 	t      *testing.T
 	c      *net.UnixConn
+	ev     *net.UnixConn // the event socket (OpCMChannel), when asked for
 	seq    uint32
 	events []abi.CMEvent
+	fds    []int // what the last reply brought
 }
 
 func dialCM(t *testing.T, socket string) *cmClient {
@@ -34,14 +37,35 @@ func dialCM(t *testing.T, socket string) *cmClient {
 	return &cmClient{t: t, c: c}
 }
 
-// read reads one message within d: an event is queued, a reply returned.
-func (c *cmClient) read(d time.Duration) (abi.Header, []byte, error) {
-	buf := make([]byte, abi.MaxMessage)
-	_ = c.c.SetReadDeadline(time.Now().Add(d))
-	n, fds, err := shmem.RecvMsg(c.c, buf, 4)
-	for _, fd := range fds {
-		syscall.Close(fd)
+// channel moves the client's events to a socket of their own.
+func (c *cmClient) channel() {
+	c.t.Helper()
+	var rep abi.ErrnoReply
+	c.call(abi.OpCMChannel, nil, &rep)
+	if rep.Errno != 0 || len(c.fds) != 1 {
+		c.t.Fatalf("cm-channel: %v, %d descriptors", syscall.Errno(rep.Errno), len(c.fds))
 	}
+	f := os.NewFile(uintptr(c.fds[0]), "cm-events")
+	fc, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.ev = fc.(*net.UnixConn)
+	c.t.Cleanup(func() { c.ev.Close() })
+}
+
+// read reads one message within d from the connection, or with events
+// from the event socket: an event is queued, a reply returned.
+func (c *cmClient) read(d time.Duration, events bool) (abi.Header, []byte, error) {
+	buf := make([]byte, abi.MaxMessage)
+	conn := c.c
+	if events && c.ev != nil {
+		conn = c.ev
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(d))
+	n, fds, err := shmem.RecvMsg(conn, buf, 4)
+	c.fds = fds
 	if err != nil {
 		return abi.Header{}, nil, err
 	}
@@ -71,9 +95,12 @@ func (c *cmClient) call(op abi.Op, req, rep any) {
 		c.t.Fatal(err)
 	}
 	for {
-		h, body, err := c.read(10 * time.Second)
+		h, body, err := c.read(10*time.Second, false)
 		if err != nil {
 			c.t.Fatalf("%v: %v", op, err)
+		}
+		if h.Flags&abi.FlagEvent != 0 && c.ev != nil {
+			c.t.Fatalf("an event on the connection of a client with an event socket")
 		}
 		if h.Flags&abi.FlagReply != 0 {
 			if h.Op != op || h.Seq != c.seq {
@@ -110,7 +137,7 @@ func (c *cmClient) create(ctx uint64, ps uint16, qt abi.QPType) uint32 {
 func (c *cmClient) event(want uint32, id uint32) abi.CMEvent {
 	c.t.Helper()
 	for len(c.events) == 0 {
-		if _, _, err := c.read(10 * time.Second); err != nil {
+		if _, _, err := c.read(10*time.Second, true); err != nil {
 			c.t.Fatalf("waiting for event %d: %v", want, err)
 		}
 	}
@@ -149,6 +176,7 @@ func TestRDMACM(t *testing.T) {
 			rig := appliancetest.New(t, appliancetest.Options{LocalSwitch: local, Namespace: "cm"})
 			a, b := rig.Addrs[0], rig.Addrs[1]
 			srv, cli := dialCM(t, rig.Socket), dialCM(t, rig.Socket)
+			srv.channel() // the server's events on a socket of their own, the client's on its connection
 
 			lid := srv.create(0x5e, abi.CMPortSpaceTCP, abi.RC)
 			if e := srv.errnoOf(abi.OpCMBind, &abi.CMAddrRequest{ID: lid, Src: sa(netip.IPv4Unspecified(), 7471)}); e != 0 {

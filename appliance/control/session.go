@@ -294,6 +294,17 @@ func (ss *session) handle(op abi.Op, body []byte, fds received) (any, []int, err
 	if op == abi.OpCMEvent {
 		return nil, nil, fmt.Errorf("%w: events go to clients, not from them", abi.ErrOp)
 	}
+	if op == abi.OpCMChannel {
+		if len(body) != 0 {
+			return nil, nil, abi.ErrLength
+		}
+		theirs, err := ss.eventSocket()
+		if err != nil {
+			return &abi.ErrnoReply{Errno: abi.ErrnoOf(err)}, nil, nil
+		}
+		ss.closeAfterReply = theirs
+		return &abi.ErrnoReply{}, []int{theirs}, nil
+	}
 	if op != abi.OpListDevices && op != abi.OpOpen {
 		ss.mu.Lock()
 		opened := ss.dev != nil

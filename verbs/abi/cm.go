@@ -9,6 +9,12 @@ package abi
 // as FlagEvent messages of OpCMEvent, each CMEvent, in the order they
 // happened.
 //
+// OpCMChannel (no body; an ErrnoReply) gives the session's events a socket
+// of their own (SOCK_SEQPACKET, one OpCMEvent message each), which comes
+// with the reply: the library hands it to the application as the event
+// channel's fd (rdma_event_channel.fd), which polls readable when an
+// event waits, while requests and replies keep to the connection.
+//
 // Requests that name an ID take CMIDRequest (Arg as each op says) or a
 // structure that starts with the ID; an ID of another connection is
 // EINVAL, as in ucma. Replies are ErrnoReply unless an op says otherwise.
