@@ -697,7 +697,10 @@ func (ss *session) cmInitQPAttr(x *cmID, state uint8) *abi.CMInitQPAttrReply {
 		}
 		if abi.QPState(state) == abi.QPSRTR {
 			r.Mask = uint32(abi.QPStateMask | abi.QPAV | abi.QPPathMTU | abi.QPDestQPN | abi.QPRQPSN)
-			a.PathMTU, a.DestQPN, a.RQPSN = info.PathMTU, info.RemoteQPN, uint32(info.RQPSN)
+			// The receive PSN is the ID's own starting PSN, chosen when
+			// it was made, as cma's rdma_init_qp_attr gives seq_num: the
+			// passive side asks for it before it accepts.
+			a.PathMTU, a.DestQPN, a.RQPSN = info.PathMTU, info.RemoteQPN, uint32(x.psn)
 			a.DGID = info.Remote.Addr().As16()
 			a.HopLimit, a.TClass, a.FlowLabel = info.HopLimit, info.TrafficClass, info.FlowLabel
 			for i, g := range x.dev.GIDs() {

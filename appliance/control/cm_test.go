@@ -220,6 +220,15 @@ func TestRDMACM(t *testing.T) {
 				t.Errorf("an ID the session does not have: %v, want EINVAL", e)
 			}
 
+			attrs := func(c *cmClient, id uint32, st abi.QPState) abi.CMInitQPAttrReply {
+				t.Helper()
+				var r abi.CMInitQPAttrReply
+				c.call(abi.OpCMInitQPAttr, &abi.CMIDRequest{ID: id, Arg: uint32(st)}, &r)
+				if r.Errno != 0 || r.Attr.State != uint8(st) || r.Mask&uint32(abi.QPStateMask) == 0 {
+					t.Fatalf("init-qp-attr %v: %+v", st, r)
+				}
+				return r
+			}
 			cp := private("hello, rping")
 			cp.QPN, cp.ResponderResources, cp.InitiatorDepth, cp.RetryCount, cp.RNRRetryCount = 0x111, 1, 1, 7, 7
 			if e := cli.errnoOf(abi.OpCMConnect, &abi.CMConnectRequest{ID: cid, Param: cp}); e != 0 {
@@ -237,6 +246,9 @@ func TestRDMACM(t *testing.T) {
 				t.Errorf("connect request's remote address %v", d)
 			}
 			sid := req.ID
+			// librdmacm's rdma_accept moves the QP to RTR and RTS before the
+			// REP: the attributes are the same before the accept as after.
+			earlyRTR, earlyRTS := attrs(srv, sid, abi.QPSRTR), attrs(srv, sid, abi.QPSRTS)
 			ap := private("welcome")
 			ap.QPN, ap.ResponderResources, ap.InitiatorDepth, ap.RNRRetryCount = 0x222, 1, 1, 7
 			if e := srv.errnoOf(abi.OpCMAccept, &abi.CMConnectRequest{ID: sid, Param: ap}); e != 0 {
@@ -247,15 +259,6 @@ func TestRDMACM(t *testing.T) {
 				t.Fatalf("connect response %+v", rep.Param)
 			}
 
-			attrs := func(c *cmClient, id uint32, st abi.QPState) abi.CMInitQPAttrReply {
-				t.Helper()
-				var r abi.CMInitQPAttrReply
-				c.call(abi.OpCMInitQPAttr, &abi.CMIDRequest{ID: id, Arg: uint32(st)}, &r)
-				if r.Errno != 0 || r.Attr.State != uint8(st) || r.Mask&uint32(abi.QPStateMask) == 0 {
-					t.Fatalf("init-qp-attr %v: %+v", st, r)
-				}
-				return r
-			}
 			ci, si := attrs(cli, cid, abi.QPSInit), attrs(srv, sid, abi.QPSInit)
 			if ci.Attr.Access&uint32(abi.AccessRemoteRead) == 0 || si.Attr.Port != 1 {
 				t.Errorf("INIT: client %+v, server %+v", ci.Attr, si.Attr)
@@ -270,6 +273,8 @@ func TestRDMACM(t *testing.T) {
 					cs.Attr.SQPSN, sr.Attr.RQPSN, ss.Attr.SQPSN, cr.Attr.RQPSN)
 			case netip.AddrFrom16(cr.Attr.DGID).Unmap() != b || netip.AddrFrom16(sr.Attr.DGID).Unmap() != a:
 				t.Errorf("RTR DGIDs %v, %v", netip.AddrFrom16(cr.Attr.DGID), netip.AddrFrom16(sr.Attr.DGID))
+			case earlyRTR != sr || earlyRTS != ss:
+				t.Errorf("the server's attributes before its accept: RTR %+v, RTS %+v; after: %+v, %+v", earlyRTR.Attr, earlyRTS.Attr, sr.Attr, ss.Attr)
 			case cr.Attr.PathMTU != uint8(abi.MTU1024) || cs.Attr.RetryCnt != 7 || cs.Attr.RNRRetry != 7 || cs.Attr.MaxRdAtomic != 1:
 				t.Errorf("RTR/RTS: %+v %+v", cr.Attr, cs.Attr)
 			}

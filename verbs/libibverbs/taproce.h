@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "abi.h"
+#include "msg.h"
 #include "ring.h"
 
 #define TP_EXPORT __attribute__((visibility("default")))
@@ -177,16 +178,12 @@ struct tp_ah {
 	uint32_t h;
 };
 
-/* ctl.c: the control protocol. tp_call sends a request (with fds) and
- * waits for its reply, whose body must be rep_len bytes; it returns 0 or
- * -1 with errno (EIO when the appliance is gone or spoke nonsense), and
- * the reply's descriptors in fds_out (up to *nfds_out). The reply's errno
- * is the body's first field; the caller reads it. */
-int tp_connect(void);
+
+/* ctl.c: tp_call is tp_call_sock on the context's socket, serialised,
+ * and EIO for good once the appliance is gone. */
 int tp_call(struct tp_context *c, uint16_t op, const void *req, size_t req_len, void *rep, size_t rep_len,
 	    const int *fds, int nfds, int *fds_out, int *nfds_out);
-int tp_call_sock(int sock, uint32_t *seq, uint16_t op, const void *req, size_t req_len, void *rep, size_t rep_len,
-		 const int *fds, int nfds, int *fds_out, int *nfds_out);
+
 /* tp_errno turns a reply's errno field into the function's return: 0, or
  * the positive errno (also set in errno). */
 int tp_errno(int32_t e);

@@ -19,9 +19,10 @@ import (
 	"time"
 )
 
-// Lib is a built libibverbs.so.1.
+// Lib is a built libibverbs.so.1 and librdmacm.so.1.
 type Lib struct {
-	// Dir holds libibverbs.so.1: what LD_LIBRARY_PATH names.
+	// Dir holds libibverbs.so.1 and librdmacm.so.1: what LD_LIBRARY_PATH
+	// names.
 	Dir string
 	// Preload, for a library built with the sanitizers, is the runtime
 	// an uninstrumented program must load first.
@@ -41,7 +42,7 @@ func srcDir() string {
 
 // ErrNoToolchain is Build's error where the C toolchain or Debian's
 // libibverbs-dev headers are missing (scripts/setup installs them).
-var ErrNoToolchain = errors.New("ibvtest: no C toolchain or libibverbs-dev headers (scripts/setup installs them)")
+var ErrNoToolchain = errors.New("ibvtest: no C toolchain or libibverbs-dev and librdmacm-dev headers (scripts/setup installs them)")
 
 // Build builds the library (with AddressSanitizer and
 // UndefinedBehaviorSanitizer when sanitize is set) and returns it.
@@ -56,8 +57,10 @@ func Build(sanitize bool) (*Lib, error) {
 			return nil, fmt.Errorf("%w: %v", ErrNoToolchain, err)
 		}
 	}
-	if _, err := os.Stat("/usr/include/infiniband/verbs.h"); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrNoToolchain, err)
+	for _, h := range []string{"/usr/include/infiniband/verbs.h", "/usr/include/rdma/rdma_cma.h"} {
+		if _, err := os.Stat(h); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrNoToolchain, err)
+		}
 	}
 	args := []string{"-C", srcDir()}
 	out := "build"
@@ -65,9 +68,12 @@ func Build(sanitize bool) (*Lib, error) {
 		args = append(args, "SANITIZE=1")
 		out = "build-san"
 	}
-	cmd := exec.Command("make", args...)
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("ibvtest: make: %v\n%s", err, b)
+	// librdmacm.so.1 goes into libibverbs' build directory too.
+	for _, dir := range []string{srcDir(), filepath.Join(filepath.Dir(srcDir()), "librdmacm")} {
+		cmd := exec.Command("make", append([]string{"-C", dir}, args[2:]...)...)
+		if b, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("ibvtest: make: %v\n%s", err, b)
+		}
 	}
 	l := &Lib{Dir: filepath.Join(srcDir(), out)}
 	if sanitize {
