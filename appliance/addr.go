@@ -62,6 +62,12 @@ func (n *NIC) Route(dst netip.Addr) (Route, error) {
 	}
 	k, err := netnsutil.RouteTo(n.port.cfg.Netns, dst)
 	if err != nil {
+		// A namespace whose kernel has no route to the port's own
+		// subnet (the port's addresses are taproce's, not the kernel's)
+		// still reaches a destination on the port's link.
+		if src, ok := st.OnLink(dst); ok && errors.Is(err, netnsutil.ErrNoRoute) {
+			return Route{NIC: n, Src: src, NextHop: dst}, nil
+		}
 		return Route{}, fmt.Errorf("appliance: %s: %w", n.name, err)
 	}
 	r := Route{NIC: n, NextHop: k.NextHop, Kernel: k}

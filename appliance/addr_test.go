@@ -22,6 +22,30 @@ import (
 // address and a link-local one without a route; a port with the kernel's
 // address (redirect mode) sends from it. NICByAddr finds a port by its
 // address in its namespace only.
+// TestNICRouteWithoutKernelRoutes: in a namespace whose kernel has no
+// route at all (a test's, a bare pod's), a NIC still reaches the
+// destinations on its own link from its address there, and nothing else.
+func TestNICRouteWithoutKernelRoutes(t *testing.T) {
+	_, path := testnet.Namespace(t)
+	app, err := New(Options{Socket: filepath.Join(t.TempDir(), "s.sock"), Poll: PollBlock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close()
+	dev, peer := tap.NewFakePair(1500, 16)
+	t.Cleanup(func() { peer.Close() })
+	n, err := app.AddPortOn(dev, PortConfig{Namespace: "bare", Netns: path, Name: "rb0", Addrs: []netip.Prefix{netip.MustParsePrefix("10.59.0.1/24")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := n.Route(netip.MustParseAddr("10.59.0.7")); err != nil || r.Src != netip.MustParseAddr("10.59.0.1") || r.NextHop != netip.MustParseAddr("10.59.0.7") {
+		t.Errorf("Route(10.59.0.7) = %+v, %v; want from 10.59.0.1 on the link", r, err)
+	}
+	if _, err := n.Route(netip.MustParseAddr("192.0.2.9")); !errors.Is(err, netnsutil.ErrNoRoute) {
+		t.Errorf("Route(192.0.2.9): %v, want ErrNoRoute", err)
+	}
+}
+
 func TestNICRoute(t *testing.T) {
 	_, path := testnet.Namespace(t)
 	err := netnsutil.Do(path, func(h *netlink.Handle) error {

@@ -185,8 +185,10 @@ func isCheckout(dir string) bool {
 	return false
 }
 
-// Build runs make in checkout's verbs/libibverbs (which builds only what
-// changed) and returns the library it built. Its error wraps
+// Build runs make in checkout's verbs/libibverbs, and in verbs/librdmacm
+// where librdmacm-dev's headers are, which puts librdmacm.so.1 beside
+// libibverbs.so.1 (make builds only what changed), and returns the
+// library it built. Its error wraps
 // ErrNoToolchain when make, cc or the libibverbs-dev headers are
 // missing; make's output goes to log (nil: discarded) and, on failure,
 // into the error.
@@ -195,15 +197,23 @@ func Build(ctx context.Context, checkout string, log io.Writer) (Found, error) {
 		return Found{}, err
 	}
 	src := filepath.Join(checkout, "verbs", "libibverbs")
-	var out bytes.Buffer
-	cmd := exec.CommandContext(ctx, "make", "-C", src)
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
-	if log != nil {
-		_, _ = log.Write(out.Bytes())
+	dirs := []string{src}
+	if _, err := os.Stat("/usr/include/rdma/rdma_cma.h"); err == nil {
+		// librdmacm.so.1 goes beside it, where librdmacm-dev's headers
+		// are to build it against.
+		dirs = append(dirs, filepath.Join(checkout, "verbs", "librdmacm"))
 	}
-	if err != nil {
-		return Found{}, fmt.Errorf("ibvlib: make -C %s: %w\n%s", src, err, tail(out.String(), 20))
+	for _, dir := range dirs {
+		var out bytes.Buffer
+		cmd := exec.CommandContext(ctx, "make", "-C", dir)
+		cmd.Stdout, cmd.Stderr = &out, &out
+		err := cmd.Run()
+		if log != nil {
+			_, _ = log.Write(out.Bytes())
+		}
+		if err != nil {
+			return Found{}, fmt.Errorf("ibvlib: make -C %s: %w\n%s", dir, err, tail(out.String(), 20))
+		}
 	}
 	f := Found{Dir: filepath.Join(src, "build"), From: "built in " + checkout}
 	if err := Check(f.Path()); err != nil {

@@ -179,8 +179,14 @@ TP_EXPORT struct rdma_event_channel *rdma_create_event_channel(void)
 TP_EXPORT void rdma_destroy_event_channel(struct rdma_event_channel *channel)
 {
 	struct tp_channel *c = (struct tp_channel *)channel;
+	atomic_store(&c->closing, 1);
 	close(c->ch.fd);
 	close(c->sock);
+	/* A thread still reading the channel (rping's event thread, whose
+	 * program ends right after) keeps the structure: see
+	 * rdma_get_cm_event. */
+	if (atomic_load(&c->readers) > 0)
+		return;
 	pthread_mutex_destroy(&c->mu);
 	free(c);
 }
@@ -841,9 +847,18 @@ TP_EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_
 	for (;;) {
 		uint8_t buf[sizeof(struct taproce_header) + sizeof(struct taproce_cm_event)];
 		ssize_t n;
+		atomic_fetch_add(&c->readers, 1);
 		do
 			n = recv(c->ch.fd, buf, sizeof(buf), 0);
 		while (n < 0 && errno == EINTR);
+		if (n <= 0 && atomic_load(&c->closing)) {
+			/* The channel was destroyed under this read. ucma's read
+			 * then blocks until the process ends; so does this one,
+			 * rather than report an error the program never expects. */
+			for (;;)
+				pause();
+		}
+		atomic_fetch_sub(&c->readers, 1);
 		if (n < 0)
 			return -1; /* EAGAIN on a non-blocking channel */
 		if (n == 0) {

@@ -6,6 +6,7 @@
 
 #include <infiniband/verbs.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <rdma/rdma_cma.h>
 #include <rdma/rdma_verbs.h>
 #include <stdint.h>
@@ -23,6 +24,8 @@ struct tp_channel {
 	uint32_t seq;
 	pthread_mutex_t mu; /* serialises calls on sock, guards ids */
 	struct tp_id *ids;
+	atomic_int readers; /* threads in rdma_get_cm_event's recv */
+	atomic_int closing; /* rdma_destroy_event_channel has begun */
 };
 
 /* An ID. The application sees id; the rest is the library's. */

@@ -3,6 +3,7 @@ package ibvtest
 import (
 	"os/exec"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -64,30 +65,110 @@ func waitListener(t *testing.T, n *appliance.NIC, p *Program) {
 	}
 }
 
-// TestRping runs rdmacm-utils' rping, unmodified, between the appliance's
-// two devices: the server listens on taproce1's address, the client
-// connects from taproce0's through the RDMA CM, and they ping-pong 10
-// times with RDMA READ and WRITE, verifying the data (-V), each judged by
-// its exit status and its own output.
-func TestRping(t *testing.T) {
-	l := Need(t, false)
+// cmProgram is one of rdmacm-utils' programs as a server and its client,
+// and what each must say at its end besides exiting 0.
+type cmProgram struct {
+	name     string
+	server   []string // {ADDR} and {PORT} are the server's
+	client   []string
+	srvSays  []string
+	cliSays  []string
+	cliCount map[string]int // lines the client must print so many times
+	// serverStays: the server serves until killed (cmtime's loops on
+	// its events for ever); it is stopped once the client is done.
+	serverStays bool
+}
+
+var cmPrograms = []cmProgram{
+	{name: "rping", server: []string{"rping", "-s", "-a", "{ADDR}", "-p", "{PORT}", "-C", "100", "-V", "-v"},
+		client:   []string{"rping", "-c", "-a", "{ADDR}", "-p", "{PORT}", "-C", "100", "-V", "-v"},
+		cliCount: map[string]int{"ping data: rdma-ping-": 100}},
+	{name: "ucmatose", server: []string{"ucmatose", "-p", "{PORT}"}, client: []string{"ucmatose", "-s", "{ADDR}", "-p", "{PORT}"},
+		srvSays: []string{"data transfers complete", "return status 0"}, cliSays: []string{"data transfers complete", "return status 0"}},
+	// udaddy's -p is the port space; it serves on port 7174.
+	{name: "udaddy", server: []string{"udaddy"}, client: []string{"udaddy", "-s", "{ADDR}"},
+		srvSays: []string{"data transfers complete", "return status 0"}, cliSays: []string{"data transfers complete", "return status 0"}},
+	{name: "rdma_server", server: []string{"rdma_server", "-s", "{ADDR}", "-p", "{PORT}"}, client: []string{"rdma_client", "-s", "{ADDR}", "-p", "{PORT}"},
+		srvSays: []string{"rdma_server: end 0"}, cliSays: []string{"rdma_client: end 0"}},
+	{name: "cmtime", server: []string{"cmtime", "-b", "{ADDR}", "-p", "{PORT}"}, client: []string{"cmtime", "-s", "{ADDR}", "-p", "{PORT}", "-c", "100"},
+		cliSays: []string{"connect      :", "disconnect   :"}, serverStays: true},
+}
+
+// TestRDMACMPrograms runs rdmacm-utils' programs, unmodified, between the
+// appliance's two devices through taproce's librdmacm.so.1: the server on
+// taproce1's address, the client on taproce0 connecting through the RDMA
+// CM — rping's 100 verified ping-pongs by RDMA READ and WRITE, ucmatose's
+// RC and udaddy's UD (SIDR) data transfers, rdma_server and rdma_client on
+// synchronous IDs (rdma_create_ep, rdma_get_request), cmtime's 100
+// connections — each judged by its exit status and its own report; and
+// again on the libraries built with AddressSanitizer and
+// UndefinedBehaviorSanitizer, which must report nothing.
+func TestRDMACMPrograms(t *testing.T) {
+	for _, san := range []bool{false, true} {
+		name := "plain"
+		if san {
+			name = "sanitized"
+		}
+		t.Run(name, func(t *testing.T) { runCMPrograms(t, san) })
+	}
+}
+
+func runCMPrograms(t *testing.T, sanitize bool) {
+	l := Need(t, sanitize)
 	r := appliancetest.New(t, appliancetest.Options{Namespace: "cm"})
 	env := l.Env(r.Socket)
-	srvAddr, cliAddr := r.Addrs[1].String(), r.Addrs[0].String()
-	srv := Start(t, env, timeout, "rping", "-s", "-a", srvAddr, "-p", "7174", "-C", "10", "-V", "-v")
-	waitListener(t, r.NICs[1], srv)
-	cli := Start(t, env, timeout, "rping", "-c", "-a", srvAddr, "-I", cliAddr, "-p", "7174", "-C", "10", "-V", "-v")
-	cerr := cli.Wait()
-	serr := srv.Wait()
-	if cerr != nil || serr != nil {
-		for i, n := range r.NICs {
-			t.Logf("NIC %d: %+v", i, n.Engine().Stats())
-		}
-		t.Fatalf("client: %v\n%s\nserver: %v\n%s", cerr, cli.Out.String(), serr, srv.Out.String())
-	}
-	for _, p := range []*Program{cli, srv} {
-		if n := strings.Count(p.Out.String(), "ping data: rdma-ping-"); n != 10 {
-			t.Errorf("%s printed %d pings, want 10:\n%s", p.Cmd.Args[1], n, p.Out.String())
-		}
+	for i, p := range cmPrograms {
+		t.Run(p.name, func(t *testing.T) {
+			port := strconv.Itoa(7200 + i)
+			args := func(a []string) []string {
+				out := make([]string, len(a))
+				for j, x := range a {
+					out[j] = strings.NewReplacer("{ADDR}", r.Addrs[1].String(), "{PORT}", port).Replace(x)
+				}
+				return out
+			}
+			sa, ca := args(p.server), args(p.client)
+			srv := Start(t, env, timeout, sa[0], sa[1:]...)
+			waitListener(t, r.NICs[1], srv)
+			cli := Start(t, env, timeout, ca[0], ca[1:]...)
+			cerr := cli.Wait()
+			if p.serverStays {
+				srv.cancel()
+			}
+			serr := srv.Wait()
+			if p.serverStays {
+				serr = nil
+			}
+			fail := func(format string, args ...any) {
+				t.Helper()
+				for i, n := range r.NICs {
+					t.Logf("taproce%d: %+v", i, n.Engine().Stats())
+				}
+				t.Fatalf(format+"\nclient %v:\n%s\nserver %v:\n%s", append(args, ca, cli.Out.String(), sa, srv.Out.String())...)
+			}
+			for _, p := range []*Program{cli, srv} {
+				if strings.Contains(p.Out.String(), "Sanitizer") || strings.Contains(p.Out.String(), "runtime error") {
+					fail("a sanitizer reported")
+				}
+			}
+			if cerr != nil || serr != nil {
+				fail("client: %v, server: %v", cerr, serr)
+			}
+			for _, w := range p.cliSays {
+				if !strings.Contains(cli.Out.String(), w) {
+					fail("the client did not say %q", w)
+				}
+			}
+			for _, w := range p.srvSays {
+				if !strings.Contains(srv.Out.String(), w) {
+					fail("the server did not say %q", w)
+				}
+			}
+			for w, n := range p.cliCount {
+				if got := strings.Count(cli.Out.String(), w); got != n {
+					fail("the client said %q %d times, want %d", w, got, n)
+				}
+			}
+		})
 	}
 }
