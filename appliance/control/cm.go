@@ -198,8 +198,11 @@ func (ss *session) cmTranslate(d *Device, ev cm.Event) *abi.CMEvent {
 	case cm.EventRejected:
 		out.Status = int32(ev.Reason)
 	case cm.EventUnreachable, cm.EventDisconnected:
-		if ev.TimedOut {
+		switch {
+		case ev.TimedOut:
 			out.Status = -int32(syscall.ETIMEDOUT)
+		case ev.Type == cm.EventUnreachable:
+			out.Status = int32(ev.SIDRStatus) // a SIDR_REP's refusal, as cma reports it
 		}
 	}
 	out.Param = connParamOut(ev.Param, ev.PrivateData)
