@@ -161,7 +161,8 @@ func private(s string) (p abi.CMConnParam) {
 // TestRDMACM runs the RDMA CM's ops as librdmacm's rping does them, a
 // server and a client on two control connections, over the appliance's two
 // ports (fake wire and local switch): bind and listen, resolve address
-// and route, connect with private data, accept, the QP attributes of
+// and route, a REJ with reason 8 from a port nobody listens on, connect
+// with private data, accept, the QP attributes of
 // INIT, RTR and RTS that each side's init_qp_attr gives (each side's send
 // PSN the other's receive PSN), establish, disconnect from both sides, and
 // destroy; then a client whose connection ends without a disconnect
@@ -214,6 +215,22 @@ func TestRDMACM(t *testing.T) {
 			if q.Errno != 0 || q.Device.String() != "taproce0" || q.PathMTU != uint8(abi.MTU1024) || netip.AddrFrom16(q.DGID).Unmap() != b {
 				t.Errorf("query: %+v", q)
 			}
+
+			// A port nobody listens on: the peer's CM rejects the REQ with
+			// reason 8, invalid service ID, as Linux's does.
+			nid := cli.create(0, abi.CMPortSpaceTCP, abi.RC)
+			cli.errnoOf(abi.OpCMResolveAddr, &abi.CMAddrRequest{ID: nid, Src: sa(a, 0), Dst: sa(b, 7999)})
+			cli.event(abi.CMEventAddrResolved, nid)
+			cli.errnoOf(abi.OpCMResolveRoute, &abi.CMIDRequest{ID: nid})
+			cli.event(abi.CMEventRouteResolved, nid)
+			if e := cli.errnoOf(abi.OpCMConnect, &abi.CMConnectRequest{ID: nid, Param: private("anyone?")}); e != 0 {
+				t.Fatalf("connect to a port nobody listens on: %v", e)
+			}
+			if rej := cli.event(abi.CMEventRejected, nid); rej.Status != 8 {
+				t.Errorf("REJECTED with status %d, want 8 (invalid service ID)", rej.Status)
+			}
+			var dr abi.CMDestroyReply
+			cli.call(abi.OpCMDestroyID, &abi.CMIDRequest{ID: nid}, &dr)
 
 			// Another session may not use the client's ID.
 			if e := srv.errnoOf(abi.OpCMDisconnect, &abi.CMIDRequest{ID: cid + 100}); e != syscall.EINVAL {

@@ -11,6 +11,7 @@ import (
 	"github.com/taproce/taproce/appliance"
 	"github.com/taproce/taproce/appliance/appliancetest"
 	"github.com/taproce/taproce/appliance/cm"
+	"github.com/taproce/taproce/internal/impair"
 )
 
 // TestRDMACMSymbols: taproce's librdmacm.so.1 exports what Debian's
@@ -171,4 +172,74 @@ func runCMPrograms(t *testing.T, sanitize bool) {
 			}
 		})
 	}
+}
+
+// TestRDMACMPeerKilled: a client killed in the middle of rping's
+// ping-pongs leaves its server a DISCONNECTED event — the appliance ends
+// the dead process's connections with a DREQ, as the kernel ends those of
+// a process holding CM IDs — and the server ends instead of waiting.
+func TestRDMACMPeerKilled(t *testing.T) {
+	l := Need(t, false)
+	r := appliancetest.New(t, appliancetest.Options{Namespace: "cm"})
+	env := l.Env(r.Socket)
+	addr := r.Addrs[1].String()
+	srv := Start(t, env, timeout, "rping", "-s", "-a", addr, "-p", "7280", "-C", "1000000", "-d")
+	waitListener(t, r.NICs[1], srv)
+	cli := Start(t, env, timeout, "rping", "-c", "-a", addr, "-p", "7280", "-C", "1000000")
+	deadline := time.Now().Add(timeout)
+	for r.NICs[1].Engine().Stats().Received < 200 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no ping-pongs:\n%s\n%s", cli.Out.String(), srv.Out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := cli.Cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	cli.Wait()
+	done := make(chan struct{})
+	go func() { srv.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the server still runs 20 s after its client was killed:\n%s", srv.Out.String())
+	}
+	if !strings.Contains(srv.Out.String(), "RDMA_CM_EVENT_DISCONNECTED") {
+		t.Errorf("the server heard no DISCONNECTED:\n%s", srv.Out.String())
+	}
+}
+
+// TestRDMACMLoss: rping and cmtime while each port loses 5 % of the frames
+// it sends (seeded): the CM's lost MADs are sent again on its timers
+// (REQ, REP, DREQ; a lost RTU is made up by the REP sent again), the
+// connected QPs retransmit, and both programs still end well.
+func TestRDMACMLoss(t *testing.T) {
+	l := Need(t, false)
+	r := appliancetest.New(t, appliancetest.Options{Namespace: "cm", Egress: impair.Spec{Loss: 0.05, Seed: 3}})
+	env := l.Env(r.Socket)
+	addr := r.Addrs[1].String()
+	srv := Start(t, env, 3*timeout, "rping", "-s", "-a", addr, "-p", "7290", "-C", "20", "-V", "-v")
+	waitListener(t, r.NICs[1], srv)
+	cli := Start(t, env, 3*timeout, "rping", "-c", "-a", addr, "-p", "7290", "-C", "20", "-V", "-v")
+	cerr, serr := cli.Wait(), srv.Wait()
+	if cerr != nil || serr != nil || strings.Count(cli.Out.String(), "ping data: rdma-ping-") != 20 {
+		t.Fatalf("rping: client %v\n%s\nserver %v\n%s", cerr, cli.Out.String(), serr, srv.Out.String())
+	}
+	ct := Start(t, env, 3*timeout, "cmtime", "-b", addr, "-p", "7291")
+	waitListener(t, r.NICs[1], ct)
+	out, err := Run(t, env, 3*timeout, "cmtime", "-s", addr, "-p", "7291", "-c", "20")
+	if err != nil || !strings.Contains(out, "disconnect   :") {
+		t.Fatalf("cmtime: %v\n%s", err, out)
+	}
+	var retries uint64
+	for _, n := range r.NICs {
+		for _, v := range n.CM().Stats().Retries {
+			retries += v
+		}
+	}
+	dropped := r.NICs[0].Port().Stats().Egress.Dropped + r.NICs[1].Port().Stats().Egress.Dropped
+	if dropped == 0 {
+		t.Error("the impairment dropped nothing")
+	}
+	t.Logf("the ports dropped %d frames; the managers sent %d MADs again", dropped, retries)
 }
