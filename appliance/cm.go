@@ -2,7 +2,6 @@ package appliance
 
 import (
 	"net/netip"
-	"time"
 
 	"github.com/taproce/taproce/appliance/cm"
 )
@@ -52,22 +51,5 @@ func (w nicWire) SendMAD(r cm.Route, mad *[cm.MADLen]byte) {
 // cmLoop runs the manager's timers until the NIC closes.
 func (n *NIC) cmLoop() {
 	defer n.wg.Done()
-	m := n.cm
-	t := time.NewTimer(time.Hour)
-	t.Stop()
-	defer t.Stop()
-	for {
-		if next, ok := m.NextDeadline(); ok {
-			t.Reset(max(time.Until(next), minTickSleep))
-		} else {
-			t.Stop()
-		}
-		select {
-		case <-n.stop:
-			return
-		case <-t.C:
-			m.Tick()
-		case <-m.TimerWake():
-		}
-	}
+	n.timerLoop(n.cm.NextDeadline, n.cm.TimerWake(), n.cm.Tick)
 }

@@ -180,11 +180,21 @@ func (n *NIC) tickLoop(e *transport.Engine) {
 	// waking every few microseconds for them would take a thread of its
 	// own, often on a client's core.
 	acks := n.port.cfg.Loop == nil
+	n.timerLoop(func() (time.Time, bool) { return e.PlanTick(acks) }, e.TickWake(), func() {
+		n.ticks.Add(1)
+		e.Tick()
+	})
+}
+
+// timerLoop runs timers until the NIC closes: it sleeps until plan's
+// deadline (no less than minTickSleep) and then calls tick, or, while plan
+// has none, until wake says one was set; after either it plans again.
+func (n *NIC) timerLoop(plan func() (time.Time, bool), wake <-chan struct{}, tick func()) {
 	t := time.NewTimer(time.Hour)
 	t.Stop()
 	defer t.Stop()
 	for {
-		if next, ok := e.PlanTick(acks); ok {
+		if next, ok := plan(); ok {
 			t.Reset(max(time.Until(next), minTickSleep))
 		} else {
 			t.Stop()
@@ -193,9 +203,8 @@ func (n *NIC) tickLoop(e *transport.Engine) {
 		case <-n.stop:
 			return
 		case <-t.C:
-			n.ticks.Add(1)
-			e.Tick()
-		case <-e.TickWake():
+			tick()
+		case <-wake:
 		}
 	}
 }

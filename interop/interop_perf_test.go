@@ -178,6 +178,17 @@ func newPerfRig(t *testing.T, cfg rigConfig) *perfRig {
 	return r
 }
 
+// reach fails the test unless the rig's port resolves the VM's MAC within
+// a minute.
+func (r *perfRig) reach(t *testing.T, p *Peer) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := r.nic.Resolve(ctx, p.IP); err != nil {
+		t.Fatalf("the port does not reach the VM: %v", err)
+	}
+}
+
 // command returns `taproce perf ARGS` in the bridge's namespace, or with
 // a lib the program ARGS on it.
 func (r *perfRig) command(ctx context.Context, args ...string) *exec.Cmd {
@@ -882,11 +893,7 @@ func TestPerftest(t *testing.T) {
 	r := newPerfRig(t, rigConfig{})
 	rec := perfRec
 	recordPerf(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if _, err := r.nic.Resolve(ctx, p.IP); err != nil {
-		t.Fatalf("the port does not reach the VM: %v", err)
-	}
+	r.reach(t, p)
 	for _, mtu := range []int{1024, 4096} {
 		t.Run(fmt.Sprintf("m%d", mtu), func(t *testing.T) {
 			if mtu == 4096 {

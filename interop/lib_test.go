@@ -1,11 +1,9 @@
 package interop
 
 import (
-	"context"
 	"fmt"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/taproce/taproce/internal/impair"
 	"github.com/taproce/taproce/internal/perf"
@@ -104,11 +102,7 @@ func newLibRig(t *testing.T, cfg rigConfig) *perfRig {
 func TestLibPerftest(t *testing.T) {
 	p, _ := needPeer(t)
 	r := newLibRig(t, rigConfig{})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if _, err := r.nic.Resolve(ctx, p.IP); err != nil {
-		t.Fatalf("the port does not reach the VM: %v", err)
-	}
+	r.reach(t, p)
 	rec := &perfRecorder{}
 	for _, mtu := range []int{1024, 4096} {
 		t.Run(fmt.Sprintf("m%d", mtu), func(t *testing.T) {
@@ -130,11 +124,7 @@ func TestLibPerftest(t *testing.T) {
 func TestLibPingpong(t *testing.T) {
 	p, _ := needPeer(t)
 	r := newLibRig(t, rigConfig{})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if _, err := r.nic.Resolve(ctx, p.IP); err != nil {
-		t.Fatalf("the port does not reach the VM: %v", err)
-	}
+	r.reach(t, p)
 	side := toolSide{sock: r.sock, lib: r.lib, local: perfAddr.Addr(),
 		check: func(iters int) counterCheck { return &libCheck{r: r, s0: r.snap(), iters: iters} }}
 	for _, c := range []ppCase{
@@ -171,11 +161,7 @@ func (c *libCheck) finish(t *testing.T, before, after Counters) {
 func TestLibPerftestLoss(t *testing.T) {
 	p, _ := needPeer(t)
 	r := newLibRig(t, rigConfig{egress: impair.Spec{Loss: lossRate, Seed: lossSeed}})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if _, err := r.nic.Resolve(ctx, p.IP); err != nil {
-		t.Fatalf("the port does not reach the VM: %v", err)
-	}
+	r.reach(t, p)
 	loss := withPeerLoss(t, p)
 	rec := &perfRecorder{}
 	for _, c := range libPerfCases(lossRate) {

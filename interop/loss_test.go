@@ -323,11 +323,7 @@ func TestPerftestLoss(t *testing.T) {
 	p, _ := needPeer(t)
 	r := newPerfRig(t, rigConfig{egress: impair.Spec{Loss: lossRate, Seed: lossSeed}})
 	recordPerf(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if _, err := r.nic.Resolve(ctx, p.IP); err != nil {
-		t.Fatalf("the port does not reach the VM: %v", err)
-	}
+	r.reach(t, p)
 	loss := withPeerLoss(t, p)
 	for _, c := range lossCases() {
 		pp := c.test().Kind == perf.Lat && (c.test().Verb == perf.Write || c.test().Verb == perf.Send)

@@ -40,11 +40,7 @@ var cmInterops = []cmInterop{
 func TestLibRDMACM(t *testing.T) {
 	p, _ := needPeer(t)
 	r := newLibRig(t, rigConfig{})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if _, err := r.nic.Resolve(ctx, p.IP); err != nil {
-		t.Fatalf("the port does not reach the VM: %v", err)
-	}
+	r.reach(t, p)
 	ours, theirs := perfAddr.Addr().String(), p.IP.String()
 	judge := func(t *testing.T, c cmInterop, srvOut, cliOut string) {
 		t.Helper()
