@@ -227,6 +227,11 @@ func (ss *session) drainRecv(q *qpObj, b *batch) bool {
 		b.rwqe.Get(q.rq.PeekAt(i))
 		b.recv[i] = recvWR(&b.rwqe, b.rsges[i][:])
 	}
+	// The slots go back before the WQEs go to the transport: once there,
+	// a receive may retire one at once, and a client that sees it retired
+	// must find its ring slot free to post again (posted − retired < depth
+	// must imply room in the ring).
+	q.rq.ReleaseN(n)
 	wrs := b.recv[:n]
 	for len(wrs) > 0 {
 		k, err := q.qp.PostRecv(wrs)
@@ -236,7 +241,6 @@ func (ss *session) drainRecv(q *qpObj, b *batch) bool {
 		q.rcq.push(&transport.WC{ID: wrs[k].ID, Status: abi.WCLocQPOpErr, Opcode: abi.WCRecv, QPNum: q.qp.Num()})
 		wrs = wrs[k+1:]
 	}
-	q.rq.ReleaseN(n)
 	return true
 }
 
@@ -251,8 +255,8 @@ func (ss *session) drainSRQ(s *srqObj, b *batch) bool {
 		b.rwqe.Get(s.rq.PeekAt(i))
 		b.recv[i] = recvWR(&b.rwqe, b.rsges[i][:])
 	}
+	s.rq.ReleaseN(n) // before the SRQ may retire them, as drainRecv
 	_, _ = s.srq.PostRecv(b.recv[:n]) // the client keeps within the depth; excess is lost as on a full SRQ
-	s.rq.ReleaseN(n)
 	return true
 }
 

@@ -429,7 +429,7 @@ int tp_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr *
 			err = ENOMEM;
 			break;
 		}
-		uint8_t *slot = tp_ring_reserve_at(&q->sq, n);
+		uint8_t *slot = tp_ring_reserve_taken(&q->sq, n);
 		if (slot == NULL) {
 			err = ENOMEM;
 			break;
@@ -465,7 +465,7 @@ static int post_recv_ring(struct tp_ring *ring, uint64_t *posted, uint64_t retir
 			err = ENOMEM;
 			break;
 		}
-		uint8_t *s = tp_ring_reserve_at(ring, n);
+		uint8_t *s = tp_ring_reserve_taken(ring, n);
 		if (s == NULL) {
 			err = ENOMEM;
 			break;

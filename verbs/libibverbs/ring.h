@@ -8,6 +8,7 @@
 #ifndef TAPROCE_RING_H
 #define TAPROCE_RING_H
 
+#include <sched.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -63,6 +64,23 @@ static inline uint8_t *tp_ring_reserve_at(struct tp_ring *r, uint64_t i)
 	if (r->prod - r->prod_cons + i >= r->nslots && tp_ring_free(r) <= i)
 		return NULL;
 	return tp_ring_slot(r, r->prod + i);
+}
+
+/* tp_ring_reserve_taken is tp_ring_reserve_at for a producer whose queue
+ * has room by the appliance's retire count: a full ring then holds slots
+ * the appliance has taken but not yet given back — it hands a batch of
+ * WQEs to its transport, which may retire them at once, before it releases
+ * their slots. It retries, spinning and then yielding, for about a
+ * millisecond before it reports the ring full. */
+static inline uint8_t *tp_ring_reserve_taken(struct tp_ring *r, uint64_t i)
+{
+	for (int k = 0;; k++) {
+		uint8_t *s = tp_ring_reserve_at(r, i);
+		if (s != NULL || r->broken || k >= 1100)
+			return s;
+		if (k >= 100)
+			sched_yield();
+	}
 }
 
 /* tp_ring_commit publishes n reserved slots; it returns 1 when the

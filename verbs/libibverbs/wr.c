@@ -43,7 +43,7 @@ static void finish(struct tp_qp *q)
 	uint8_t *slot = NULL;
 	if (!err && q->sent + q->xn - retired >= q->max_send_wr)
 		err = ENOMEM;
-	if (!err && (slot = tp_ring_reserve_at(&q->sq, q->xn)) == NULL)
+	if (!err && (slot = tp_ring_reserve_taken(&q->sq, q->xn)) == NULL)
 		err = ENOMEM;
 	if (!err)
 		err = tp_put_send(q, slot, &q->xwr);
