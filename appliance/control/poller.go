@@ -255,7 +255,7 @@ func (ss *session) drainSRQ(s *srqObj, b *batch) bool {
 		b.rwqe.Get(s.rq.PeekAt(i))
 		b.recv[i] = recvWR(&b.rwqe, b.rsges[i][:])
 	}
-	s.rq.ReleaseN(n) // before the SRQ may retire them, as drainRecv
+	s.rq.ReleaseN(n)                  // before the SRQ may retire them, as drainRecv
 	_, _ = s.srq.PostRecv(b.recv[:n]) // the client keeps within the depth; excess is lost as on a full SRQ
 	return true
 }
