@@ -311,10 +311,8 @@ func cmErr(err error) error {
 		return errno(syscall.EADDRINUSE, "%v", err)
 	case errors.Is(err, cm.ErrLimit):
 		return errno(syscall.ENOMEM, "%v", err)
-	case errors.Is(err, cm.ErrNoID), errors.Is(err, cm.ErrState), errors.Is(err, cm.ErrInvalid), errors.Is(err, cm.ErrPrivateData):
-		return errno(syscall.EINVAL, "%v", err)
 	}
-	return errno(syscall.EINVAL, "%v", err)
+	return errno(syscall.EINVAL, "%v", err) // ErrNoID, ErrState, ErrInvalid, ErrPrivateData
 }
 
 // cmDevices returns the devices of the session's namespace that run a
@@ -329,13 +327,22 @@ func (ss *session) cmDevices() []*Device {
 	return out
 }
 
+// gidIndex returns the index of address a in d's GID table, and false
+// when d does not have it.
+func gidIndex(d *Device, a netip.Addr) (int, bool) {
+	for i, g := range d.GIDs() {
+		if g.Addr() == a.Unmap() {
+			return i, true
+		}
+	}
+	return 0, false
+}
+
 // cmDeviceOf returns the device of the namespace that has address a.
 func (ss *session) cmDeviceOf(a netip.Addr) *Device {
 	for _, d := range ss.cmDevices() {
-		for _, g := range d.GIDs() {
-			if g.Addr() == a.Unmap() {
-				return d
-			}
+		if _, ok := gidIndex(d, a); ok {
+			return d
 		}
 	}
 	return nil
@@ -640,11 +647,8 @@ func (ss *session) cmQuery(x *cmID) *abi.CMQueryReply {
 	r.PathMTU = uint8(pathMTU(x.dev))
 	if x.src.IsValid() {
 		r.SGID = x.src.Addr().As16()
-		for i, g := range x.dev.GIDs() {
-			if g.Addr() == x.src.Addr().Unmap() {
-				r.SGIDIndex = uint32(i)
-			}
-		}
+		i, _ := gidIndex(x.dev, x.src.Addr())
+		r.SGIDIndex = uint32(i)
 	}
 	if x.dst.IsValid() {
 		r.DGID = x.dst.Addr().As16()
@@ -706,11 +710,8 @@ func (ss *session) cmInitQPAttr(x *cmID, state uint8) *abi.CMInitQPAttrReply {
 			a.PathMTU, a.DestQPN, a.RQPSN = info.PathMTU, info.RemoteQPN, uint32(x.psn)
 			a.DGID = info.Remote.Addr().As16()
 			a.HopLimit, a.TClass, a.FlowLabel = info.HopLimit, info.TrafficClass, info.FlowLabel
-			for i, g := range x.dev.GIDs() {
-				if g.Addr() == info.Local.Addr().Unmap() {
-					a.SGIDIndex = uint8(i)
-				}
-			}
+			i, _ := gidIndex(x.dev, info.Local.Addr())
+			a.SGIDIndex = uint8(i)
 			if x.qpType == cm.QPTypeRC {
 				r.Mask |= uint32(abi.QPMaxDestRdAtomic | abi.QPMinRNRTimer)
 				a.MaxDestRdAtomic, a.MinRNRTimer = info.ResponderResources, cmMinRNRTimer

@@ -283,6 +283,26 @@ TP_EXPORT int rdma_create_id(struct rdma_event_channel *channel, struct rdma_cm_
 	return create_id(channel, id, context, ps, qp_type_of(ps));
 }
 
+/* destroy_own_cqs destroys the CQs and channels the library made for the
+ * ID's QP (rdma_create_qp without CQs), however far their making got. */
+static void destroy_own_cqs(struct tp_id *t)
+{
+	struct rdma_cm_id *id = &t->id;
+	if (!t->own_cqs)
+		return;
+	if (id->send_cq)
+		ibv_destroy_cq(id->send_cq);
+	if (id->recv_cq && id->recv_cq != id->send_cq)
+		ibv_destroy_cq(id->recv_cq);
+	if (id->send_cq_channel)
+		ibv_destroy_comp_channel(id->send_cq_channel);
+	if (id->recv_cq_channel && id->recv_cq_channel != id->send_cq_channel)
+		ibv_destroy_comp_channel(id->recv_cq_channel);
+	id->send_cq = id->recv_cq = NULL;
+	id->send_cq_channel = id->recv_cq_channel = NULL;
+	t->own_cqs = 0;
+}
+
 TP_EXPORT int rdma_destroy_id(struct rdma_cm_id *id)
 {
 	struct tp_id *t = tp_id_of(id);
@@ -297,16 +317,7 @@ TP_EXPORT int rdma_destroy_id(struct rdma_cm_id *id)
 	while (t->acked < t->gotten)
 		pthread_cond_wait(&t->cond, &t->mu);
 	pthread_mutex_unlock(&t->mu);
-	if (t->own_cqs) {
-		if (id->send_cq && id->send_cq != id->recv_cq)
-			ibv_destroy_cq(id->send_cq);
-		if (id->recv_cq)
-			ibv_destroy_cq(id->recv_cq);
-		if (id->send_cq_channel && id->send_cq_channel != id->recv_cq_channel)
-			ibv_destroy_comp_channel(id->send_cq_channel);
-		if (id->recv_cq_channel)
-			ibv_destroy_comp_channel(id->recv_cq_channel);
-	}
+	destroy_own_cqs(t);
 	struct rdma_event_channel *ch = t->own_chan ? id->channel : NULL;
 	free_id(t);
 	if (ch)
@@ -604,6 +615,8 @@ TP_EXPORT int rdma_create_qp_ex(struct rdma_cm_id *id, struct ibv_qp_init_attr_e
 	if (attr->send_cq == NULL || attr->recv_cq == NULL) {
 		/* librdmacm's ucma_create_cqs: a channel and a CQ each way. */
 		if (id->recv_cq == NULL) {
+			made_cqs = 1;
+			t->own_cqs = 1;
 			id->recv_cq_channel = ibv_create_comp_channel(id->verbs);
 			if (id->recv_cq_channel == NULL)
 				goto fail;
@@ -618,8 +631,6 @@ TP_EXPORT int rdma_create_qp_ex(struct rdma_cm_id *id, struct ibv_qp_init_attr_e
 						    id, id->send_cq_channel, 0);
 			if (id->send_cq == NULL)
 				goto fail;
-			made_cqs = 1;
-			t->own_cqs = 1;
 		}
 		if (attr->send_cq == NULL)
 			attr->send_cq = id->send_cq;
@@ -645,17 +656,7 @@ TP_EXPORT int rdma_create_qp_ex(struct rdma_cm_id *id, struct ibv_qp_init_attr_e
 fail:
 	if (made_cqs) {
 		int e = errno;
-		if (id->send_cq)
-			ibv_destroy_cq(id->send_cq);
-		if (id->recv_cq)
-			ibv_destroy_cq(id->recv_cq);
-		if (id->send_cq_channel)
-			ibv_destroy_comp_channel(id->send_cq_channel);
-		if (id->recv_cq_channel)
-			ibv_destroy_comp_channel(id->recv_cq_channel);
-		id->send_cq = id->recv_cq = NULL;
-		id->send_cq_channel = id->recv_cq_channel = NULL;
-		t->own_cqs = 0;
+		destroy_own_cqs(t);
 		errno = e;
 	}
 	return -1;

@@ -54,16 +54,8 @@ func TestRefusalAsPerftest(t *testing.T) {
 	}
 	var probes []probe
 	for _, tool := range Tools {
-		ops := []string{""}
-		if tool.Verb == Atomic {
-			ops = AtomicOps
-		}
-		for _, conn := range Connections {
-			for _, op := range ops {
-				for _, mode := range Modes {
-					probes = append(probes, probe{tool, Options{Conn: conn, AtomicOp: op, Mode: mode}})
-				}
-			}
+		for _, o := range tool.Combinations() {
+			probes = append(probes, probe{tool, o})
 		}
 		probes = append(probes, probe{tool, Options{Conn: "RC", Mode: "-a -D 1"}})
 		if tool.Verb == Atomic {

@@ -132,6 +132,25 @@ const (
 	maxAllPow = 23 // -a's largest size is 2^23 bytes
 )
 
+// Combinations returns t's options crossed: every Connection, every
+// atomic operation (an atomic tool's; else none) and every Mode, in that
+// nesting, so that the first is the first of each.
+func (t Tool) Combinations() []Options {
+	ops := []string{""}
+	if t.Verb == Atomic {
+		ops = AtomicOps
+	}
+	var out []Options
+	for _, conn := range Connections {
+		for _, op := range ops {
+			for _, mode := range Modes {
+				out = append(out, Options{Conn: conn, AtomicOp: op, Mode: mode})
+			}
+		}
+	}
+	return out
+}
+
 // Perftest returns the runs of every perftest tool between ports like p:
 // at p's IPv4 GID (-x), the cross product of Tools, Connections,
 // AtomicOps (the atomic tools) and Modes, less what perftest refuses
@@ -140,23 +159,15 @@ const (
 func Perftest(p Port) []Run {
 	var runs []Run
 	for _, t := range Tools {
-		ops := []string{""}
-		if t.Verb == Atomic {
-			ops = AtomicOps
-		}
-		for _, conn := range Connections {
-			for _, op := range ops {
-				for _, mode := range Modes {
-					o := Options{Conn: conn, AtomicOp: op, Mode: mode}
-					if len(Refusal(t, o)) == 0 {
-						runs = append(runs, perftestRun(t, o, p, p.IPv4GID))
-					}
-				}
+		all := t.Combinations()
+		for _, o := range all {
+			if len(Refusal(t, o)) == 0 {
+				runs = append(runs, perftestRun(t, o, p, p.IPv4GID))
 			}
 		}
 		for _, gid := range p.GIDs {
 			if gid != p.IPv4GID {
-				runs = append(runs, perftestRun(t, Options{Conn: "RC", AtomicOp: ops[0], Mode: Base}, p, gid))
+				runs = append(runs, perftestRun(t, Options{Conn: "RC", AtomicOp: all[0].AtomicOp, Mode: Base}, p, gid))
 			}
 		}
 	}
