@@ -3,7 +3,6 @@ package ibvtest
 import (
 	"os/exec"
 	"sort"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/taproce/taproce/appliance/appliancetest"
 	"github.com/taproce/taproce/appliance/cm"
 	"github.com/taproce/taproce/internal/impair"
+	"github.com/taproce/taproce/verbs/libibverbs/ibvtest/matrix"
 )
 
 // TestRDMACMSymbols: taproce's librdmacm.so.1 exports what Debian's
@@ -83,35 +83,6 @@ func noListeners(t *testing.T, r *appliancetest.Rig) {
 	}
 }
 
-// cmProgram is one of rdmacm-utils' programs as a server and its client,
-// and what each must say at its end besides exiting 0.
-type cmProgram struct {
-	name     string
-	server   []string // {ADDR} and {PORT} are the server's
-	client   []string
-	srvSays  []string
-	cliSays  []string
-	cliCount map[string]int // lines the client must print so many times
-	// serverStays: the server serves until killed (cmtime's loops on
-	// its events for ever); it is stopped once the client is done.
-	serverStays bool
-}
-
-var cmPrograms = []cmProgram{
-	{name: "rping", server: []string{"rping", "-s", "-a", "{ADDR}", "-p", "{PORT}", "-C", "100", "-V", "-v"},
-		client:   []string{"rping", "-c", "-a", "{ADDR}", "-p", "{PORT}", "-C", "100", "-V", "-v"},
-		cliCount: map[string]int{"ping data: rdma-ping-": 100}},
-	{name: "ucmatose", server: []string{"ucmatose", "-p", "{PORT}"}, client: []string{"ucmatose", "-s", "{ADDR}", "-p", "{PORT}"},
-		srvSays: []string{"data transfers complete", "return status 0"}, cliSays: []string{"data transfers complete", "return status 0"}},
-	// udaddy's -p is the port space; it serves on port 7174.
-	{name: "udaddy", server: []string{"udaddy"}, client: []string{"udaddy", "-s", "{ADDR}"},
-		srvSays: []string{"data transfers complete", "return status 0"}, cliSays: []string{"data transfers complete", "return status 0"}},
-	{name: "rdma_server", server: []string{"rdma_server", "-s", "{ADDR}", "-p", "{PORT}"}, client: []string{"rdma_client", "-s", "{ADDR}", "-p", "{PORT}"},
-		srvSays: []string{"rdma_server: end 0"}, cliSays: []string{"rdma_client: end 0"}},
-	{name: "cmtime", server: []string{"cmtime", "-b", "{ADDR}", "-p", "{PORT}"}, client: []string{"cmtime", "-s", "{ADDR}", "-p", "{PORT}", "-c", "100"},
-		cliSays: []string{"connect      :", "disconnect   :"}, serverStays: true},
-}
-
 // TestRDMACMPrograms runs rdmacm-utils' programs, unmodified, between the
 // appliance's two devices through taproce's librdmacm.so.1: the server on
 // taproce1's address, the client on taproce0 connecting through the RDMA
@@ -135,29 +106,18 @@ func runCMPrograms(t *testing.T, sanitize bool) {
 	l := Need(t, sanitize)
 	r := appliancetest.New(t, appliancetest.Options{Namespace: "cm"})
 	env := l.Env(r.Socket)
-	for i, p := range cmPrograms {
-		t.Run(p.name, func(t *testing.T) {
-			port := strconv.Itoa(7200 + i)
-			args := func(a []string) []string {
-				out := make([]string, len(a))
-				for j, x := range a {
-					out[j] = strings.NewReplacer("{ADDR}", r.Addrs[1].String(), "{PORT}", port).Replace(x)
-				}
-				return out
-			}
-			sa, ca := args(p.server), args(p.client)
+	for i, p := range matrix.CMPrograms() {
+		t.Run(p.Name, func(t *testing.T) {
+			sa, ca := p.Commands(r.Addrs[1].String(), 7200+i)
 			noListeners(t, r)
-			srv := Start(t, env, timeout, sa[0], sa[1:]...)
+			srv := Start(t, env, p.Timeout, sa[0], sa[1:]...)
 			waitListener(t, r.NICs[1], srv)
-			cli := Start(t, env, timeout, ca[0], ca[1:]...)
+			cli := Start(t, env, p.Timeout, ca[0], ca[1:]...)
 			cerr := cli.Wait()
-			if p.serverStays {
+			if p.ServerStays {
 				srv.cancel()
 			}
 			serr := srv.Wait()
-			if p.serverStays {
-				serr = nil
-			}
 			fail := func(format string, args ...any) {
 				t.Helper()
 				for i, n := range r.NICs {
@@ -170,23 +130,8 @@ func runCMPrograms(t *testing.T, sanitize bool) {
 					fail("a sanitizer reported")
 				}
 			}
-			if cerr != nil || serr != nil {
-				fail("client: %v, server: %v", cerr, serr)
-			}
-			for _, w := range p.cliSays {
-				if !strings.Contains(cli.Out.String(), w) {
-					fail("the client did not say %q", w)
-				}
-			}
-			for _, w := range p.srvSays {
-				if !strings.Contains(srv.Out.String(), w) {
-					fail("the server did not say %q", w)
-				}
-			}
-			for w, n := range p.cliCount {
-				if got := strings.Count(cli.Out.String(), w); got != n {
-					fail("the client said %q %d times, want %d", w, got, n)
-				}
+			if err := p.Judge(matrix.Result{Out: srv.Out.String(), Err: serr}, matrix.Result{Out: cli.Out.String(), Err: cerr}); err != nil {
+				fail("%v", err)
 			}
 		})
 	}
@@ -261,4 +206,31 @@ func TestRDMACMLoss(t *testing.T) {
 		t.Error("the impairment dropped nothing")
 	}
 	t.Logf("the ports dropped %d frames; the managers sent %d MADs again", dropped, retries)
+}
+
+// TestRDMACMPerftest runs every perftest tool with -R between the
+// appliance's devices (matrix.PerftestCM), each judged by both sides' exit
+// statuses and result rows.
+func TestRDMACMPerftest(t *testing.T) {
+	l := Need(t, false)
+	r := appliancetest.New(t, appliancetest.Options{Namespace: "cm"})
+	env := l.Env(r.Socket)
+	runs := matrix.PerftestCM(matrix.Port{IPv4GID: 1, ActiveMTU: 1024})
+	for i, run := range runs {
+		t.Run(run.Name(), func(t *testing.T) {
+			sa := run.Command("taproce1", 7400+i, "")
+			ca := run.Command("taproce0", 7400+i, r.Addrs[1].String())
+			noListeners(t, r)
+			srv := Start(t, env, run.Timeout, run.Tool, sa...)
+			waitListener(t, r.NICs[1], srv)
+			cli := Start(t, env, run.Timeout, run.Tool, ca...)
+			cerr, serr := cli.Wait(), srv.Wait()
+			if err := run.Judge(matrix.Result{Device: "taproce1", Out: srv.Out.String(), Err: serr}, matrix.Result{Device: "taproce0", Out: cli.Out.String(), Err: cerr}); err != nil {
+				for _, n := range r.NICs {
+					t.Logf("%s's CM: %+v", n.Name(), n.CM().Stats())
+				}
+				t.Fatalf("%v\nclient %v:\n%s\nserver %v:\n%s", err, ca, cli.Out.String(), sa, srv.Out.String())
+			}
+		})
+	}
 }

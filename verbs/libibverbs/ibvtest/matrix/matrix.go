@@ -37,6 +37,10 @@ type Run struct {
 	Args []string
 	// Pair: a server and a client that connects to it; else one program.
 	Pair bool
+	// CM: the pair connects through the RDMA CM (perftest's -R): the
+	// client's host is the server's port address, which the CM resolves,
+	// and the server is ready once its CM listens, not a TCP socket.
+	CM bool
 	// Timeout bounds the run; the programs are killed after it.
 	Timeout time.Duration
 	// check reads the verdict from both sides' output, the exit statuses
@@ -125,6 +129,15 @@ func Programs() []Program {
 	}
 	for _, t := range Tools {
 		ps = append(ps, Program{t.Name(), "perftest"})
+	}
+	seen := map[string]bool{}
+	for _, p := range CMPrograms() {
+		for _, side := range [][]string{p.Server, p.Client} {
+			if !seen[side[0]] {
+				seen[side[0]] = true
+				ps = append(ps, Program{side[0], "rdmacm-utils"})
+			}
+		}
 	}
 	return ps
 }
