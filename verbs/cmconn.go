@@ -29,9 +29,12 @@ import (
 // NetworkRDMACM is Listen's network for connections through the RDMA CM.
 const NetworkRDMACM = "rdma_cm"
 
-// WithRDMACM makes Dial connect through the RDMA CM (see Dial). WithDevice
-// and WithGIDIndex do not apply there: the route to the peer's address
-// picks the device and the source GID, as it does for rdma_resolve_addr.
+// WithRDMACM makes Dial connect through the RDMA CM (see Dial). WithDevice,
+// WithGIDIndex and WithHopLimit do not apply there, nor to a Listener of
+// network "rdma_cm": the route to the peer's address picks the device and
+// the source GID, as it does for rdma_resolve_addr, and the CM gives the
+// path's attributes (rdma_init_qp_attr). WithQueueDepth, WithRecvDepth
+// (the receives posted) and WithMaxMessage (their size) apply as over TCP.
 func WithRDMACM() ConnOption { return func(c *connConfig) { c.cm = true } }
 
 // errRawMR: the region messages of SendMR and ReceiveMR need the header

@@ -819,7 +819,9 @@ func (c *Conn) Close() error {
 // PathMTU returns the connection's path MTU, the smaller of both ports'.
 func (c *Conn) PathMTU() MTU { return c.mtu }
 
-// MaxMessage returns the largest message Send may send.
+// MaxMessage returns the largest message Send may send. Through the RDMA
+// CM it is this side's WithMaxMessage: the CM does not say how large the
+// peer's receive buffers are, which a longer message overruns (see Send).
 func (c *Conn) MaxMessage() int { return c.maxMsg }
 
 // LocalAddr returns the local address of the out-of-band connection, or,
