@@ -237,6 +237,7 @@ func (n *NIC) localLoop(e *transport.Engine) {
 		items := n.local
 		n.local, n.spare = n.spare[:0], nil
 		n.lmu.Unlock()
+		held := e.AckDue() != 0
 		for i, it := range items {
 			for j, f := range it.frames {
 				if roce.Parse(f, &p) == nil {
@@ -249,6 +250,13 @@ func (n *NIC) localLoop(e *transport.Engine) {
 			}
 			it.done()
 			items[i] = localItem{}
+		}
+		if loop := n.port.cfg.Loop; !held && e.AckDue() != 0 && loop.Blocking() {
+			// An acknowledgement these frames left waiting for company
+			// (transport.Config.AckDelay) is the blocking loop's to send
+			// (AddHold), and the loop may sleep: a hold begun here, off
+			// its goroutine, would wait for whatever woke it next.
+			loop.Wake()
 		}
 		n.lmu.Lock()
 		if n.spare == nil {

@@ -36,6 +36,13 @@ import (
 // sent fewer messages than the peer has posted receives, keeping the last
 // credit for a message that returns credits, so a receiver is never
 // overrun and no RNR NAK is needed.
+//
+// Through the RDMA CM (Dial with WithRDMACM, Listen with network
+// "rdma_cm"; cmconn.go) there is no TCP connection: the CMs of both sides
+// exchange what the QPs need in their REQ, REP and RTU (IBA vol. 1 ch. 12)
+// as librdmacm's programs do, and the end of a connection is a DREQ. Its
+// messages are the application's bytes alone, one SEND each, paced by
+// RNR NAKs instead of credits, so that the peer may be any rdma_cm program.
 
 // Errors of connections. A completion with an error status gives a
 // *WCError, which wraps the sentinel of its status.
@@ -166,6 +173,8 @@ type connConfig struct {
 	rnrRetry    uint8
 	minRNRTimer uint8
 	hopLimit    uint8
+	retrySet    bool // WithRetry was given
+	cm          bool // WithRDMACM: Dial through the RDMA CM
 }
 
 // ConnOption configures Listen and Dial.
@@ -196,8 +205,17 @@ func WithMaxMessage(n int) ConnOption { return func(c *connConfig) { c.maxMessag
 // none), transport retry count and RNR retry count (7 retries forever).
 // The defaults, 14, 6 and 7, make an operation towards a vanished peer
 // fail within about half a second.
+//
+// On a connection through the RDMA CM the ACK timeout is the CM's (the
+// REQ's local ACK timeout) and timeout is ignored; the counts go into the
+// CM's messages, where the QPs of both sides take theirs from (Dial's REQ
+// carries both, Accept's REP the RNR retry count). Without WithRetry they
+// are 7 and 7, what librdmacm's rdma_connect and rdma_accept ask for
+// without parameters.
 func WithRetry(timeout, retryCnt, rnrRetry uint8) ConnOption {
-	return func(c *connConfig) { c.timeout, c.retryCnt, c.rnrRetry = timeout, retryCnt, rnrRetry }
+	return func(c *connConfig) {
+		c.timeout, c.retryCnt, c.rnrRetry, c.retrySet = timeout, retryCnt, rnrRetry, true
+	}
 }
 
 // WithHopLimit sets the hop limit (IP TTL) of the connection's packets
@@ -343,9 +361,13 @@ type Conn struct {
 	cq     *CQ
 	qp     *QP
 	area   *MR
-	tcp    net.Conn
+	tcp    net.Conn     // the out-of-band connection; nil through the CM
+	cm     *cmConnState // the connection's CM ID; nil over TCP
 	mtu    MTU
 	maxMsg int // Send limit: the smaller of both sides'
+	// hdr is the message header's length: msgHeader, or 0 on a connection
+	// through the CM, whose messages are the application's bytes alone.
+	hdr int
 	// area layout
 	slotSize   int
 	recvN      int
@@ -389,7 +411,8 @@ type Conn struct {
 
 // Listener accepts connections (see Listen).
 type Listener struct {
-	ln    net.Listener
+	ln    net.Listener // nil through the RDMA CM
+	cm    *cmListener  // nil over TCP
 	cfg   connConfig
 	conns chan net.Conn
 	done  chan struct{}
@@ -403,10 +426,24 @@ type Listener struct {
 // Listen listens for connections on a TCP address (network "tcp", "tcp4"
 // or "tcp6"); Accept completes each with the out-of-band exchange. The
 // options apply to every accepted connection.
+//
+// With network "rdma_cm" (NetworkRDMACM) it listens through the RDMA CM
+// instead, as rdma_bind_addr and rdma_listen do, on an address of a device
+// of this process's network namespace and a port of the RDMA CM's TCP port
+// space (RDMA_PS_TCP; port 0 picks one, an address of "" or 0.0.0.0
+// listens on every device); Accept answers each request as rdma_accept
+// does, so that the peer may be any rdma_cm program (or Dial with
+// WithRDMACM), and its connections carry raw messages (see Conn).
 func Listen(ctx context.Context, network, addr string, opts ...ConnOption) (*Listener, error) {
 	cfg, err := newConnConfig(opts)
 	if err != nil {
 		return nil, err
+	}
+	if network == NetworkRDMACM {
+		return listenCM(ctx, addr, cfg)
+	}
+	if cfg.cm {
+		return nil, fmt.Errorf("verbs: listen on %q with WithRDMACM: the RDMA CM's network is %q: %w", network, NetworkRDMACM, syscall.EINVAL)
 	}
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, network, addr)
@@ -443,10 +480,20 @@ func (l *Listener) acceptLoop() {
 }
 
 // Addr returns the address the listener listens on.
-func (l *Listener) Addr() net.Addr { return l.ln.Addr() }
+func (l *Listener) Addr() net.Addr {
+	if l.cm != nil {
+		return l.cm.addr
+	}
+	return l.ln.Addr()
+}
 
 // Accept waits for a peer to Dial and sets the connection up with it.
+// Through the RDMA CM it waits for a connect request and accepts it; a
+// request whose setup fails is rejected and its error returned.
 func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
+	if l.cm != nil {
+		return l.acceptCM(ctx)
+	}
 	select {
 	case tc := <-l.conns:
 		return newConn(ctx, tc, l.cfg)
@@ -462,8 +509,12 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 	}
 }
 
-// Close stops listening; connections already accepted stay open.
+// Close stops listening; connections already accepted stay open. Through
+// the RDMA CM the requests not yet accepted are rejected.
 func (l *Listener) Close() error {
+	if l.cm != nil {
+		return l.closeCM()
+	}
 	l.once.Do(func() { close(l.done) })
 	err := l.ln.Close()
 	<-l.loop
@@ -474,10 +525,21 @@ func (l *Listener) Close() error {
 }
 
 // Dial connects to a Listener at a TCP address and sets the connection up.
+//
+// With WithRDMACM it connects through the RDMA CM instead, to addr's IP
+// address and port of the RDMA CM's TCP port space, as librdmacm's
+// rdma_resolve_addr, rdma_resolve_route and rdma_connect do: the peer may
+// be any rdma_cm program listening there (or a Listener of network
+// "rdma_cm"), and the connection carries raw messages (see Conn). A port
+// nobody listens on fails at once with a *RejectedError of reason
+// RejectInvalidServiceID (wrapping ErrRejected).
 func Dial(ctx context.Context, addr string, opts ...ConnOption) (*Conn, error) {
 	cfg, err := newConnConfig(opts)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.cm {
+		return dialCM(ctx, addr, cfg)
 	}
 	var d net.Dialer
 	tc, err := d.DialContext(ctx, "tcp", addr)
@@ -490,8 +552,8 @@ func Dial(ctx context.Context, addr string, opts ...ConnOption) (*Conn, error) {
 // newConn makes the local objects, exchanges records over tc and takes
 // the QP to RTS. It owns tc.
 func newConn(ctx context.Context, tc net.Conn, cfg connConfig) (*Conn, error) {
-	c := &Conn{cfg: cfg, tcp: tc, changed: make(chan struct{}), closedCh: make(chan struct{}),
-		pending: map[uint64]*connOp{}, mrs: map[*MR]mrInfo{}, dispDone: make(chan struct{}), watchDn: make(chan struct{})}
+	c := newConnState(cfg)
+	c.tcp = tc
 	// When ctx ends, a deadline in the past ends the exchange.
 	stop := context.AfterFunc(ctx, func() { _ = tc.SetDeadline(time.Unix(1, 0)) })
 	err := c.handshake(ctx)
@@ -509,28 +571,36 @@ func newConn(ctx context.Context, tc net.Conn, cfg connConfig) (*Conn, error) {
 		}
 		return nil, err
 	}
-	c.dctx, c.dcancel = context.WithCancel(context.Background())
-	go c.dispatch()
-	go c.watch()
+	c.start(c.watch)
 	return c, nil
 }
 
-func (c *Conn) handshake(ctx context.Context) error {
+// newConnState is a Conn before its objects are made.
+func newConnState(cfg connConfig) *Conn {
+	return &Conn{cfg: cfg, hdr: msgHeader, changed: make(chan struct{}), closedCh: make(chan struct{}),
+		pending: map[uint64]*connOp{}, mrs: map[*MR]mrInfo{}, dispDone: make(chan struct{}), watchDn: make(chan struct{})}
+}
+
+// start starts the connection's goroutines: the dispatcher, and watch,
+// which learns of the peer's end.
+func (c *Conn) start(watch func()) {
+	c.dctx, c.dcancel = context.WithCancel(context.Background())
+	go c.dispatch()
+	go watch()
+}
+
+// setup opens device dev and makes the connection's objects: PD, CQ with
+// its channel, RC QP (in RESET), and the area of receive slots, send
+// slots and atomic results.
+func (c *Conn) setup(ctx context.Context, dev string) error {
 	cfg := &c.cfg
 	var err error
-	if c.vc, err = Open(ctx, cfg.device); err != nil {
+	if c.vc, err = Open(ctx, dev); err != nil {
 		return err
 	}
 	port, err := c.vc.QueryPort(ctx)
 	if err != nil {
 		return err
-	}
-	gid, err := c.vc.GID(cfg.gidIndex)
-	if err != nil {
-		return err
-	}
-	if !gid.IsValid() || gid.IsUnspecified() {
-		return fmt.Errorf("verbs: GID index %d of %s is unset: %w", cfg.gidIndex, c.vc.Name(), syscall.EINVAL)
 	}
 	c.mtu = MTU(port.ActiveMTU)
 	if c.mtu.Bytes() == 0 {
@@ -555,7 +625,7 @@ func (c *Conn) handshake(ctx context.Context) error {
 	}
 	c.maxInline = int(c.qp.Cap().MaxInline)
 	// The area: receive slots, send slots, 8-byte atomic result slots.
-	c.slotSize = (msgHeader + cfg.maxMessage + 63) &^ 63
+	c.slotSize = (c.hdr + cfg.maxMessage + 63) &^ 63
 	c.recvN = cfg.recvDepth
 	c.sendOff = c.recvN * c.slotSize
 	c.scratchOff = c.sendOff + c.recvN*c.slotSize
@@ -570,11 +640,11 @@ func (c *Conn) handshake(ctx context.Context) error {
 		c.freeScratch = append(c.freeScratch, i)
 	}
 	c.threshold = max(2, c.recvN/4)
-	remote := AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic
-	if err := c.qp.Modify(ctx, &QPAttr{State: QPSInit, Port: 1, Access: remote},
-		QPStateMask|QPPKeyIndex|QPPort|QPAccessFlags); err != nil {
-		return err
-	}
+	return nil
+}
+
+// postReceives posts every receive slot, on the QP out of RESET.
+func (c *Conn) postReceives() error {
 	wrs := make([]RecvWR, c.recvN)
 	for i := range wrs {
 		wrs[i] = RecvWR{ID: recvBit | uint64(i), SGL: []SGE{c.area.SGE(i*c.slotSize, c.slotSize)}}
@@ -583,6 +653,29 @@ func (c *Conn) handshake(ctx context.Context) error {
 		return err
 	}
 	c.recvPosted = uint32(c.recvN)
+	return nil
+}
+
+func (c *Conn) handshake(ctx context.Context) error {
+	cfg := &c.cfg
+	if err := c.setup(ctx, cfg.device); err != nil {
+		return err
+	}
+	gid, err := c.vc.GID(cfg.gidIndex)
+	if err != nil {
+		return err
+	}
+	if !gid.IsValid() || gid.IsUnspecified() {
+		return fmt.Errorf("verbs: GID index %d of %s is unset: %w", cfg.gidIndex, c.vc.Name(), syscall.EINVAL)
+	}
+	remote := AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic
+	if err := c.qp.Modify(ctx, &QPAttr{State: QPSInit, Port: 1, Access: remote},
+		QPStateMask|QPPKeyIndex|QPPort|QPAccessFlags); err != nil {
+		return err
+	}
+	if err := c.postReceives(); err != nil {
+		return err
+	}
 
 	mine := connRecord{QPN: c.qp.Num(), PSN: rand.Uint32() & 0xffffff, MTU: c.mtu,
 		RecvDepth: uint32(c.recvN), MaxMessage: uint32(cfg.maxMessage)}
@@ -691,6 +784,11 @@ func (c *Conn) teardown() error {
 // retransmissions of what it executed, as rxe answers nothing once a QP is
 // gone. The memory regions AllocMR made are deregistered and unmapped:
 // their Bytes must not be used afterwards.
+//
+// Through the RDMA CM, Close is rdma_disconnect and rdma_destroy_id: the
+// QP goes to the error state and the peer's CM gets a DREQ (or the DREP
+// its own DREQ waits for), which its application sees as
+// RDMA_CM_EVENT_DISCONNECTED and a Conn as ErrPeerClosed.
 func (c *Conn) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -701,28 +799,49 @@ func (c *Conn) Close() error {
 	close(c.closedCh)
 	c.broadcastLocked()
 	c.mu.Unlock()
-	_ = c.tcp.SetWriteDeadline(time.Now().Add(time.Second))
-	_, _ = c.tcp.Write([]byte{oobBye})
-	c.tcp.Close()
+	if c.tcp != nil {
+		_ = c.tcp.SetWriteDeadline(time.Now().Add(time.Second))
+		_, _ = c.tcp.Write([]byte{oobBye})
+		c.tcp.Close()
+	}
 	c.dcancel()
 	<-c.dispDone
 	<-c.watchDn
 	c.opMu.Lock()
 	defer c.opMu.Unlock()
-	return c.teardown()
+	var cmErr error
+	if c.cm != nil {
+		cmErr = c.cm.close(c.qp, c.vc)
+	}
+	return errors.Join(cmErr, c.teardown())
 }
 
 // PathMTU returns the connection's path MTU, the smaller of both ports'.
 func (c *Conn) PathMTU() MTU { return c.mtu }
 
-// MaxMessage returns the largest message Send may send.
+// MaxMessage returns the largest message Send may send. Through the RDMA
+// CM it is this side's WithMaxMessage: the CM does not say how large the
+// peer's receive buffers are, which a longer message overruns (see Send).
 func (c *Conn) MaxMessage() int { return c.maxMsg }
 
-// LocalAddr returns the local address of the out-of-band connection.
-func (c *Conn) LocalAddr() net.Addr { return c.tcp.LocalAddr() }
+// LocalAddr returns the local address of the out-of-band connection, or,
+// through the RDMA CM, the connection's own address and port (network
+// "rdma_cm").
+func (c *Conn) LocalAddr() net.Addr {
+	if c.cm != nil {
+		return c.cm.local
+	}
+	return c.tcp.LocalAddr()
+}
 
-// RemoteAddr returns the peer's address on the out-of-band connection.
-func (c *Conn) RemoteAddr() net.Addr { return c.tcp.RemoteAddr() }
+// RemoteAddr returns the peer's address on the out-of-band connection, or,
+// through the RDMA CM, the peer's address and port (network "rdma_cm").
+func (c *Conn) RemoteAddr() net.Addr {
+	if c.cm != nil {
+		return c.cm.remote
+	}
+	return c.tcp.RemoteAddr()
+}
 
 // AllocMR allocates and registers a memory region in the connection's PD
 // (see PD.AllocMR); Write, Read and SendMR take only such regions. Close
@@ -845,7 +964,9 @@ func (c *Conn) acquire(ctx context.Context, name string, n need) (*connOp, []uin
 		ok := c.sqFree >= n.wrs
 		if n.message {
 			// The last credit is kept for a message that returns credits.
-			ok = ok && int32(c.peerPosted-c.sent) >= 2 && (n.inline || len(c.freeSend) > 0)
+			// Through the CM there are no credits: the peer's receive
+			// queue paces the sender by RNR NAKs, which the QP retries.
+			ok = ok && (c.cm != nil || int32(c.peerPosted-c.sent) >= 2) && (n.inline || len(c.freeSend) > 0)
 		}
 		if n.scratch {
 			ok = ok && len(c.freeScratch) > 0
@@ -1103,6 +1224,15 @@ func (c *Conn) atomic(ctx context.Context, name string, opc Opcode, remote Remot
 // It waits for a credit while the peer's receive slots are full, and
 // returns once the peer's QP acknowledged the message. When ctx ends
 // after the message was posted it may still be delivered.
+//
+// Through the RDMA CM (WithRDMACM, Listen's "rdma_cm") the message is
+// exactly one RC SEND of p, with nothing added, as an rdma_cm program's
+// ibv_post_send sends it; there are no credits: while the peer has no
+// receive posted its QP answers with RNR NAKs and this side's QP tries
+// again (RNR retry 7, for ever), so Send returns once the peer took the
+// message. A message longer than the receive buffer the peer posted
+// breaks the connection (the peer's receive completes with a local
+// length error, this side's Send with ErrRemoteInvalidRequest).
 func (c *Conn) Send(ctx context.Context, p []byte) error {
 	if len(p) > c.maxMsg {
 		return fmt.Errorf("verbs: send %d bytes, at most %d: %w", len(p), c.maxMsg, ErrMessageTooLarge)
@@ -1111,27 +1241,28 @@ func (c *Conn) Send(ctx context.Context, p []byte) error {
 }
 
 func (c *Conn) sendMessage(ctx context.Context, name string, kind byte, p []byte) error {
-	inline := msgHeader+len(p) <= c.maxInline
+	inline := c.hdr+len(p) <= c.maxInline
 	o, ids, posted, err := c.acquire(ctx, name, need{wrs: 1, message: true, inline: inline})
 	if err != nil {
 		return err
 	}
-	var hdr [msgHeader]byte
-	hdr[0] = kind
-	binary.LittleEndian.PutUint32(hdr[4:], posted)
+	var h [msgHeader]byte
+	h[0] = kind
+	binary.LittleEndian.PutUint32(h[4:], posted)
+	hdr := h[:c.hdr]
 	wr := SendWR{ID: ids[0], Opcode: WRSend, Flags: SendSignaled}
 	if inline {
 		wr.Flags |= SendInline
-		wr.Inline = append(hdr[:], p...)
+		wr.Inline = append(hdr, p...)
 	} else {
 		off := c.sendOff + o.bounce*c.slotSize
-		wr.SGL = []SGE{c.area.SGE(off, msgHeader+len(p))}
+		wr.SGL = []SGE{c.area.SGE(off, c.hdr+len(p))}
 		// Under opMu, so that Close does not unmap the area meanwhile.
 		c.opMu.RLock()
 		if !c.isClosed() {
 			buf := c.area.Bytes()[off:]
-			copy(buf, hdr[:])
-			copy(buf[msgHeader:], p)
+			copy(buf, hdr)
+			copy(buf[c.hdr:], p)
 		}
 		c.opMu.RUnlock()
 	}
@@ -1224,7 +1355,7 @@ func (c *Conn) consume(m inMsg, dst []byte) error {
 	if c.closed {
 		return ErrClosed
 	}
-	off := m.slot*c.slotSize + msgHeader
+	off := m.slot*c.slotSize + c.hdr
 	copy(dst, c.area.Bytes()[off:off+m.n])
 	c.repostLocked(m.slot, true)
 	c.announceLocked()
@@ -1233,7 +1364,15 @@ func (c *Conn) consume(m inMsg, dst []byte) error {
 
 // SendMR tells the peer about a region of this connection, granting it
 // access (a subset of the region's own), for the peer's ReceiveMR.
+//
+// It takes the message header of a connection over TCP: through the RDMA
+// CM it fails with an error wrapping errors.ErrUnsupported, and the
+// application tells its peer about its regions in messages of its own
+// (RemoteMR of the peer's address, length and rkey).
 func (c *Conn) SendMR(ctx context.Context, mr *MR, access Access) error {
+	if c.cm != nil {
+		return fmt.Errorf("verbs: send MR: %w", errRawMR)
+	}
 	if err := c.usable(); err != nil {
 		return err
 	}
@@ -1252,8 +1391,12 @@ func (c *Conn) SendMR(ctx context.Context, mr *MR, access Access) error {
 	return c.sendMessage(ctx, "SEND MR", msgMR, p[:])
 }
 
-// ReceiveMR waits for the next region the peer sent with SendMR.
+// ReceiveMR waits for the next region the peer sent with SendMR. Through
+// the RDMA CM it fails as SendMR does.
 func (c *Conn) ReceiveMR(ctx context.Context) (RemoteMR, error) {
+	if c.cm != nil {
+		return RemoteMR{}, fmt.Errorf("verbs: receive MR: %w", errRawMR)
+	}
 	for {
 		c.mu.Lock()
 		if c.closed {
@@ -1297,7 +1440,7 @@ func (c *Conn) repostLocked(slot int, counted bool) {
 // announceLocked returns credits in a message of their own once enough
 // slots were posted again and no message carried the news.
 func (c *Conn) announceLocked() {
-	if c.consumed < c.threshold || c.closed || c.failed != nil || c.peerClosed {
+	if c.cm != nil || c.consumed < c.threshold || c.closed || c.failed != nil || c.peerClosed {
 		return
 	}
 	if int32(c.peerPosted-c.sent) < 1 || c.sqFree < 1 {
@@ -1332,6 +1475,12 @@ func (c *Conn) watch() {
 			break
 		}
 	}
+	c.peerLeft()
+}
+
+// peerLeft tells the dispatcher that the peer has gone: once it has
+// polled what came before, the connection is closed by the peer.
+func (c *Conn) peerLeft() {
 	c.peerGone.Store(true)
 	c.mu.Lock()
 	if c.wake != nil {
@@ -1467,8 +1616,12 @@ func (c *Conn) onRecvLocked(wc *WC) {
 		c.failLocked(c.wcErr("receive", wc))
 		return
 	}
-	if slot >= c.recvN || wc.ByteLen < msgHeader {
+	if slot >= c.recvN || int(wc.ByteLen) < c.hdr || int(wc.ByteLen) > c.slotSize {
 		c.failLocked(fmt.Errorf("verbs: a message of %d bytes in slot %d: %w", wc.ByteLen, slot, ErrHandshake))
+		return
+	}
+	if c.cm != nil {
+		c.inbox = append(c.inbox, inMsg{slot: slot, n: int(wc.ByteLen)})
 		return
 	}
 	buf := c.area.Bytes()[slot*c.slotSize:]

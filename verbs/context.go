@@ -104,6 +104,10 @@ type conn struct {
 	err     error // why the connection ended: ErrClosed or a *DeviceGoneError
 	events  chan abi.Event
 	done    chan struct{}
+	// cmEvent, on an RDMA CM event channel, takes each OpCMEvent as it
+	// comes, on the reader's goroutine: it must not wait, nor call the
+	// appliance.
+	cmEvent func(*abi.CMEvent)
 }
 
 type reply struct {
@@ -111,7 +115,11 @@ type reply struct {
 	fds  []int
 }
 
-func dial(ctx context.Context) (*conn, error) {
+func dial(ctx context.Context) (*conn, error) { return dialWith(ctx, nil) }
+
+// dialWith connects to the appliance; cmEvent, when set, receives the
+// RDMA CM's events (see conn.cmEvent).
+func dialWith(ctx context.Context, cmEvent func(*abi.CMEvent)) (*conn, error) {
 	sock := Socket()
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unixpacket", sock)
@@ -121,7 +129,8 @@ func dial(ctx context.Context) (*conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("verbs: appliance at %s: %w", sock, err)
 	}
-	cn := &conn{c: c.(*net.UnixConn), waiting: map[uint32]chan reply{}, events: make(chan abi.Event, 64), done: make(chan struct{})}
+	cn := &conn{c: c.(*net.UnixConn), waiting: map[uint32]chan reply{}, events: make(chan abi.Event, 64), done: make(chan struct{}),
+		cmEvent: cmEvent}
 	go cn.read()
 	return cn, nil
 }
@@ -137,6 +146,15 @@ func (cn *conn) read() {
 			h, body, err = abi.DecodeHeader(buf[:n])
 			if err == nil {
 				switch {
+				case h.Flags&abi.FlagEvent != 0 && h.Op == abi.OpCMEvent:
+					// An event that does not decode is dropped, as one for
+					// an ID this side does not know.
+					var ev abi.CMEvent
+					if cn.cmEvent != nil && abi.DecodeBody(body, &ev) == nil {
+						cn.cmEvent(&ev)
+					}
+					closeFds(fds)
+					continue
 				case h.Flags&abi.FlagEvent != 0:
 					var ev abi.Event
 					if abi.DecodeBody(body, &ev) == nil {

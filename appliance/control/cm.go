@@ -182,8 +182,17 @@ func (ss *session) cmTranslate(d *Device, ev cm.Event) *abi.CMEvent {
 	out := &abi.CMEvent{Event: cmEventType(ev)}
 	if ev.Type == cm.EventConnectRequest {
 		l := ss.cm.byCM[cmKey{d, ev.Listener}]
-		if l == nil || len(ss.cm.ids) >= maxCMIDs {
-			_ = d.CM.Drop(ev.ID)
+		if l == nil {
+			// The listener went (rdma_destroy_id) after its manager
+			// handed the request up: ucma destroys the requests of a
+			// listener it destroys, and the CM rejects them with reason
+			// 28 at once, where a drop would leave the peer to send its
+			// REQ again and hear REJ 8 seconds later.
+			_ = d.CM.Destroy(ev.ID)
+			return nil
+		}
+		if len(ss.cm.ids) >= maxCMIDs {
+			_ = d.CM.Drop(ev.ID) // ucma's ENOMEM: the peer sends its REQ again
 			return nil
 		}
 		x = ss.cmNewID(l.ctx, l.ps, l.qpType)

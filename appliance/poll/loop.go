@@ -165,6 +165,11 @@ func (l *Loop) kick() {
 	}
 }
 
+// Wake wakes a sleeping blocking loop for work that reached it otherwise
+// than through its sources: a hold (AddHold) begun on another goroutine,
+// which the loop, once awake, watches until it is flushed.
+func (l *Loop) Wake() { l.kick() }
+
 // Add makes poll part of every pass until remove is called. poll reports
 // whether it found work; it must not block. Once remove returns, poll is
 // not running and is not called again. A blocking loop cannot sleep on
