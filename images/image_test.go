@@ -216,6 +216,50 @@ func TestDockerfileReview(t *testing.T) {
 	}
 }
 
+// TestImageBuilderPackages: the local builder scripts/image makes with
+// debootstrap has every package the Dockerfile's libraries' stage
+// installs when its base lacks one (librdmacm-dev for librdmacm.so.1
+// among them), and that stage installs them when the headers of either
+// library are missing: a builder made by scripts/image builds both
+// libraries without Debian's archive.
+func TestImageBuilderPackages(t *testing.T) {
+	ins := parseDockerfile(t)
+	named, _ := stages(ins)
+	var pkgs []string
+	var cond string
+	for _, in := range ins {
+		if in.stage != named[cStage] || in.cmd != "RUN" || !strings.Contains(in.args, "apt-get install") {
+			continue
+		}
+		cond, _, _ = strings.Cut(in.args, "then")
+		_, rest, _ := strings.Cut(in.args, "--no-install-recommends")
+		list, _, _ := strings.Cut(rest, "&&")
+		pkgs = strings.Fields(list)
+	}
+	if !slices.Contains(pkgs, "libibverbs-dev") || !slices.Contains(pkgs, "librdmacm-dev") {
+		t.Fatalf("the libraries' stage installs %v: not libibverbs-dev and librdmacm-dev", pkgs)
+	}
+	for _, h := range []string{"/usr/include/infiniband/verbs.h", "/usr/include/rdma/rdma_cma.h"} {
+		if !strings.Contains(cond, "test -e "+h) {
+			t.Errorf("the libraries' stage does not install its packages when %s is missing: %s", h, cond)
+		}
+	}
+	data, err := os.ReadFile("../scripts/image")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`debootstrap [^\n]*--include=(\S+)`).FindSubmatch(data)
+	if m == nil {
+		t.Fatal("scripts/image runs no debootstrap --include=")
+	}
+	include := strings.Split(string(m[1]), ",")
+	for _, p := range pkgs {
+		if !slices.Contains(include, p) {
+			t.Errorf("scripts/image's builder lacks %s (it includes %v), which the Dockerfile's %s stage needs", p, include, cStage)
+		}
+	}
+}
+
 // binaries are the programs the image holds.
 var binaries = []string{"taproce", "taproce-cni", "taproce-entrypoint"}
 
