@@ -8,12 +8,15 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/taproce/taproce/internal/ibvlib"
 )
 
 // instruction is one Dockerfile instruction, continuation lines joined.
@@ -409,9 +412,10 @@ func entrypointDefaults(t *testing.T, bin string) map[string]string {
 }
 
 // TestDaemonSetArgs: the entrypoint, built as the image has it, accepts
-// the DaemonSet's arguments; it installs the library from where the
-// image has it into the directory the DaemonSet mounts from the node's
-// NodeLibDir, which the DaemonSet does not override.
+// the DaemonSet's arguments; it installs the libraries from the
+// directory where the image has each of them into the directory the
+// DaemonSet mounts from the node's NodeLibDir, which the DaemonSet does
+// not override.
 func TestDaemonSetArgs(t *testing.T) {
 	dir := dockerBuild(t)
 	_, c := applianceContainer(t)
@@ -420,9 +424,15 @@ func TestDaemonSetArgs(t *testing.T) {
 	}
 	args := Strings(c["args"])
 	defaults := entrypointDefaults(t, filepath.Join(dir, "taproce-entrypoint"))
-	if defaults["lib"] != imageLib || defaults["lib-dir"] != entrypointLibDir {
-		t.Errorf("the entrypoint installs %q into %q; the image has it at %s, the DaemonSet mounts %s at %s",
-			defaults["lib"], defaults["lib-dir"], imageLib, NodeLibDir, entrypointLibDir)
+	if defaults["lib"] != imageLibDir || defaults["lib-dir"] != entrypointLibDir {
+		t.Errorf("the entrypoint installs from %q into %q; the image has the libraries in %s, the DaemonSet mounts %s at %s",
+			defaults["lib"], defaults["lib-dir"], imageLibDir, NodeLibDir, entrypointLibDir)
+	}
+	copies := imageLibs(t)
+	for _, name := range ibvlib.Names {
+		if _, ok := copies[path.Join(defaults["lib"], name)]; !ok {
+			t.Errorf("the entrypoint installs %s from %s, where the image has none (%v)", name, defaults["lib"], copies)
+		}
 	}
 	for _, a := range args {
 		if strings.HasPrefix(a, "-lib") || strings.HasPrefix(a, "--lib") {

@@ -21,12 +21,11 @@ import (
 )
 
 // Where the image and the DaemonSet put taproce's libraries
-// (ibvlib.Names): imageLibDir in the image, entrypointLibDir the node's
-// NodeLibDir as the DaemonSet mounts it (-lib-dir's default); imageLib
-// is the image's libibverbs.so.1 (the entrypoint's -lib default).
+// (ibvlib.Names): imageLibDir in the image (the entrypoint's -lib
+// default), entrypointLibDir the node's NodeLibDir as the DaemonSet
+// mounts it (-lib-dir's default).
 const (
 	imageLibDir      = "/usr/lib/taproce"
-	imageLib         = imageLibDir + "/libibverbs.so.1"
 	entrypointLibDir = "/host/opt/taproce/lib"
 )
 
