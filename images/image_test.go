@@ -8,12 +8,15 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/taproce/taproce/internal/ibvlib"
 )
 
 // instruction is one Dockerfile instruction, continuation lines joined.
@@ -216,6 +219,50 @@ func TestDockerfileReview(t *testing.T) {
 	}
 }
 
+// TestImageBuilderPackages: the local builder scripts/image makes with
+// debootstrap has every package the Dockerfile's libraries' stage
+// installs when its base lacks one (librdmacm-dev for librdmacm.so.1
+// among them), and that stage installs them when the headers of either
+// library are missing: a builder made by scripts/image builds both
+// libraries without Debian's archive.
+func TestImageBuilderPackages(t *testing.T) {
+	ins := parseDockerfile(t)
+	named, _ := stages(ins)
+	var pkgs []string
+	var cond string
+	for _, in := range ins {
+		if in.stage != named[cStage] || in.cmd != "RUN" || !strings.Contains(in.args, "apt-get install") {
+			continue
+		}
+		cond, _, _ = strings.Cut(in.args, "then")
+		_, rest, _ := strings.Cut(in.args, "--no-install-recommends")
+		list, _, _ := strings.Cut(rest, "&&")
+		pkgs = strings.Fields(list)
+	}
+	if !slices.Contains(pkgs, "libibverbs-dev") || !slices.Contains(pkgs, "librdmacm-dev") {
+		t.Fatalf("the libraries' stage installs %v: not libibverbs-dev and librdmacm-dev", pkgs)
+	}
+	for _, h := range []string{"/usr/include/infiniband/verbs.h", "/usr/include/rdma/rdma_cma.h"} {
+		if !strings.Contains(cond, "test -e "+h) {
+			t.Errorf("the libraries' stage does not install its packages when %s is missing: %s", h, cond)
+		}
+	}
+	data, err := os.ReadFile("../scripts/image")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`debootstrap [^\n]*--include=(\S+)`).FindSubmatch(data)
+	if m == nil {
+		t.Fatal("scripts/image runs no debootstrap --include=")
+	}
+	include := strings.Split(string(m[1]), ",")
+	for _, p := range pkgs {
+		if !slices.Contains(include, p) {
+			t.Errorf("scripts/image's builder lacks %s (it includes %v), which the Dockerfile's %s stage needs", p, include, cStage)
+		}
+	}
+}
+
 // binaries are the programs the image holds.
 var binaries = []string{"taproce", "taproce-cni", "taproce-entrypoint"}
 
@@ -365,9 +412,10 @@ func entrypointDefaults(t *testing.T, bin string) map[string]string {
 }
 
 // TestDaemonSetArgs: the entrypoint, built as the image has it, accepts
-// the DaemonSet's arguments; it installs the library from where the
-// image has it into the directory the DaemonSet mounts from the node's
-// NodeLibDir, which the DaemonSet does not override.
+// the DaemonSet's arguments; it installs the libraries from the
+// directory where the image has each of them into the directory the
+// DaemonSet mounts from the node's NodeLibDir, which the DaemonSet does
+// not override.
 func TestDaemonSetArgs(t *testing.T) {
 	dir := dockerBuild(t)
 	_, c := applianceContainer(t)
@@ -376,9 +424,15 @@ func TestDaemonSetArgs(t *testing.T) {
 	}
 	args := Strings(c["args"])
 	defaults := entrypointDefaults(t, filepath.Join(dir, "taproce-entrypoint"))
-	if defaults["lib"] != imageLib || defaults["lib-dir"] != entrypointLibDir {
-		t.Errorf("the entrypoint installs %q into %q; the image has it at %s, the DaemonSet mounts %s at %s",
-			defaults["lib"], defaults["lib-dir"], imageLib, NodeLibDir, entrypointLibDir)
+	if defaults["lib"] != imageLibDir || defaults["lib-dir"] != entrypointLibDir {
+		t.Errorf("the entrypoint installs from %q into %q; the image has the libraries in %s, the DaemonSet mounts %s at %s",
+			defaults["lib"], defaults["lib-dir"], imageLibDir, NodeLibDir, entrypointLibDir)
+	}
+	copies := imageLibs(t)
+	for _, name := range ibvlib.Names {
+		if _, ok := copies[path.Join(defaults["lib"], name)]; !ok {
+			t.Errorf("the entrypoint installs %s from %s, where the image has none (%v)", name, defaults["lib"], copies)
+		}
 	}
 	for _, a := range args {
 		if strings.HasPrefix(a, "-lib") || strings.HasPrefix(a, "--lib") {

@@ -3,8 +3,8 @@
 // ConfigMap (taproce.yaml), a plain chained CNI configuration
 // (10-taproce-bridge.conflist), a Multus NetworkAttachmentDefinition, a
 // perftest example (perf-example.yaml) and Debian's ib_write_bw between
-// pods on taproce's libibverbs.so.1 (ibverbs-example.yaml). README.md
-// explains them.
+// pods on taproce's libibverbs.so.1 and librdmacm.so.1
+// (ibverbs-example.yaml). README.md explains them.
 //
 // The package gives tests and tools those files as data: Files, the
 // decoded Manifests, and the appliance configuration of the ConfigMap
@@ -26,8 +26,8 @@ import (
 var Files embed.FS
 
 // NodeLibDir is the node's directory where the DaemonSet's entrypoint
-// installs taproce's libibverbs.so.1 and from which pods mount it (a
-// hostPath): a directory of its own, so that a pod's LD_LIBRARY_PATH
+// installs taproce's libibverbs.so.1 and librdmacm.so.1 and from which
+// pods mount them (a hostPath): a directory of its own, so that a pod's LD_LIBRARY_PATH
 // names nothing else of the node's.
 const NodeLibDir = "/opt/taproce/lib"
 

@@ -3,13 +3,14 @@ package images
 import (
 	"bufio"
 	"debug/elf"
-	"errors"
 	"fmt"
 	"io/fs"
 	"net"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -19,11 +20,12 @@ import (
 	"github.com/taproce/taproce/internal/ibvlib"
 )
 
-// Where the image and the DaemonSet put taproce's libibverbs.so.1:
-// imageLib in the image (the entrypoint's -lib default), entrypointLibDir
-// the node's NodeLibDir as the DaemonSet mounts it (-lib-dir's default).
+// Where the image and the DaemonSet put taproce's libraries
+// (ibvlib.Names): imageLibDir in the image (the entrypoint's -lib
+// default), entrypointLibDir the node's NodeLibDir as the DaemonSet
+// mounts it (-lib-dir's default).
 const (
-	imageLib         = "/usr/lib/taproce/libibverbs.so.1"
+	imageLibDir      = "/usr/lib/taproce"
 	entrypointLibDir = "/host/opt/taproce/lib"
 )
 
@@ -99,7 +101,7 @@ func copyContext(pats []string, src, dst string) error {
 	})
 }
 
-// cBuild runs the library's stage of the Dockerfile as written: its
+// cBuild runs the libraries' stage of the Dockerfile as written: its
 // COPYs from the build context (minus what .dockerignore leaves out)
 // into a temporary WORKDIR, then its RUNs there with /out/ replaced by a
 // temporary directory, which it returns. The RUN that installs packages
@@ -112,7 +114,7 @@ func cBuild(t *testing.T) string {
 		t.Skip("builds the image's library; not in -short")
 	}
 	cBuildOnce.Do(func() {
-		if err := ibvlib.Toolchain(); err != nil {
+		if err := ibvlib.RDMACMToolchain(); err != nil {
 			cBuildSkip = err.Error()
 			return
 		}
@@ -149,9 +151,11 @@ func cBuild(t *testing.T) string {
 				if strings.Contains(in.args, "apt-get") {
 					continue
 				}
-				if _, err := os.Stat(filepath.Join(work, "verbs/libibverbs/build")); err == nil {
-					cBuildErr = errors.New("the library's build directory of the work tree was copied into the build: the image would ship it")
-					return
+				for _, dir := range []string{"verbs/libibverbs/build", "verbs/librdmacm/build"} {
+					if _, err := os.Stat(filepath.Join(work, dir)); err == nil && ran == 0 {
+						cBuildErr = fmt.Errorf("the work tree's %s was copied into the build: the image would ship what was built there", dir)
+						return
+					}
 				}
 				cmd := exec.Command("sh", "-ec", strings.ReplaceAll(in.args, "/out/", out+"/"))
 				cmd.Dir = work
@@ -176,68 +180,136 @@ func cBuild(t *testing.T) string {
 	return cBuiltDir
 }
 
-// TestImageLibrary: the Dockerfile's library stage, run as written,
-// builds taproce's libibverbs.so.1 — a shared object with rdma-core's
-// soname and every symbol of symbols.txt at its version, needing only
-// libc — which the runtime stage copies where the entrypoint's -lib
-// looks for it, and which Debian's ibv_devices loads instead of
-// rdma-core's: it connects to TAPROCE_SOCKET.
-func TestImageLibrary(t *testing.T) {
-	_, runtimeStage := stages(parseDockerfile(t))
-	copied := false
-	for _, in := range parseDockerfile(t) {
-		if in.stage == runtimeStage && in.cmd == "COPY" && in.args == "--from="+cStage+" /out/libibverbs.so.1 "+imageLib {
-			copied = true
-		}
-	}
-	if !copied {
-		t.Errorf("the runtime stage does not copy the library to %s", imageLib)
-	}
-	out := cBuild(t)
-	path := filepath.Join(out, "libibverbs.so.1")
-	if err := ibvlib.Check(path); err != nil {
-		t.Fatal(err)
-	}
-	f, err := elf.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if libs, _ := f.ImportedLibraries(); !slices.Equal(libs, []string{"libc.so.6"}) {
-		t.Errorf("needs %v, want libc.so.6 alone", libs)
-	}
-	for _, tag := range []elf.DynTag{elf.DT_RPATH, elf.DT_RUNPATH} {
-		if v, _ := f.DynString(tag); len(v) > 0 {
-			t.Errorf("%v %v: the library would look for others in the build's directories", tag, v)
-		}
-	}
-	syms, err := f.DynamicSymbols()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, s := range syms {
-		if s.Section == elf.SHN_UNDEF || !strings.HasPrefix(s.Version, "IBVERBS") {
+// imageLibs returns what the runtime stage copies from the libraries'
+// stage: the path in the image of each file, and the file of that stage
+// it comes from.
+func imageLibs(t *testing.T) map[string]string {
+	t.Helper()
+	ins := parseDockerfile(t)
+	_, runtimeStage := stages(ins)
+	m := map[string]string{}
+	for _, in := range ins {
+		f := strings.Fields(in.args)
+		if in.stage != runtimeStage || in.cmd != "COPY" || len(f) < 3 || f[0] != "--from="+cStage {
 			continue
 		}
-		v := s.Version
-		if s.VersionIndex.IsHidden() {
-			v = "(" + v + ")"
+		dst := f[len(f)-1]
+		for _, src := range f[1 : len(f)-1] {
+			if strings.HasSuffix(dst, "/") {
+				m[dst+filepath.Base(src)] = src
+			} else {
+				m[dst] = src
+			}
 		}
-		got = append(got, v+" "+s.Name)
 	}
-	data, err := os.ReadFile("../verbs/libibverbs/symbols.txt")
+	return m
+}
+
+// versionScript returns the "VERSION SYMBOL" lines of a linker version
+// script's global symbols and of its versions ("VERSION VERSION", the
+// symbol the linker defines for each), as TestImageLibrary lists a
+// library's exports.
+func versionScript(t *testing.T, path string) []string {
+	t.Helper()
+	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var want []string
-	for _, l := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-		want = append(want, strings.Join(strings.Fields(l), " "))
+	text := regexp.MustCompile(`(?s)/\*.*?\*/`).ReplaceAllString(string(data), "")
+	var out []string
+	version, global := "", false
+	for _, l := range strings.Split(text, "\n") {
+		l = strings.TrimSpace(l)
+		switch {
+		case strings.HasSuffix(l, "{"):
+			version, global = strings.TrimSpace(strings.TrimSuffix(l, "{")), false
+			out = append(out, version+" "+version)
+		case l == "global:":
+			global = true
+		case l == "local:" || strings.HasPrefix(l, "local:") || strings.HasPrefix(l, "}"):
+			global = false
+		case global && strings.HasSuffix(l, ";"):
+			out = append(out, version+" "+strings.TrimSuffix(l, ";"))
+		}
 	}
-	slices.Sort(got)
-	slices.Sort(want)
-	if !slices.Equal(got, want) {
-		t.Errorf("exports %d versioned symbols, symbols.txt lists %d; they differ", len(got), len(want))
+	return out
+}
+
+// imageLibrary is what TestImageLibrary expects of each library.
+type imageLibrary struct {
+	// needs are the libraries it is linked to.
+	needs []string
+	// exports lists what it exports ("VERSION SYMBOL", "(VERSION)
+	// SYMBOL" for a hidden default), given the repository's top.
+	exports func(t *testing.T, top string) []string
+	// prefix begins the versions of its exports.
+	prefix string
+}
+
+var imageLibraries = map[string]imageLibrary{
+	ibvlib.Name: {needs: []string{"libc.so.6"}, prefix: "IBVERBS", exports: func(t *testing.T, top string) []string {
+		data, err := os.ReadFile(filepath.Join(top, "verbs/libibverbs/symbols.txt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want []string
+		for _, l := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+			want = append(want, strings.Join(strings.Fields(l), " "))
+		}
+		return want
+	}},
+	// librdmacm.so.1 calls libibverbs' API: taproce's, beside it.
+	ibvlib.RDMACMName: {needs: []string{"libibverbs.so.1", "libc.so.6"}, prefix: "RDMACM", exports: func(t *testing.T, top string) []string {
+		return versionScript(t, filepath.Join(top, "verbs/librdmacm/librdmacm.map"))
+	}},
+}
+
+// TestImageLibrary: the Dockerfile's libraries' stage, run as written,
+// builds taproce's libibverbs.so.1 and librdmacm.so.1 — shared objects
+// with rdma-core's sonames and every symbol of symbols.txt and
+// librdmacm.map at its version, needing only libc and, for librdmacm,
+// libibverbs — which the runtime stage copies into the directory the
+// entrypoint's -lib names; Debian's ibv_devices loads the image's
+// libibverbs.so.1 instead of rdma-core's (it connects to
+// TAPROCE_SOCKET), and the loader gives Debian's rping both of the
+// image's libraries.
+func TestImageLibrary(t *testing.T) {
+	copies := imageLibs(t)
+	for _, name := range ibvlib.Names {
+		if src := copies[path.Join(imageLibDir, name)]; src != "/out/"+name {
+			t.Errorf("the runtime stage does not copy %s to %s (%q)", name, imageLibDir, src)
+		}
+	}
+	if len(copies) != len(ibvlib.Names) {
+		t.Errorf("the runtime stage copies %v from %s, want %v", copies, cStage, ibvlib.Names)
+	}
+	if len(imageLibraries) != len(ibvlib.Names) {
+		t.Fatalf("expectations for %d libraries, ibvlib names %d", len(imageLibraries), len(ibvlib.Names))
+	}
+	out := cBuild(t)
+	for _, name := range ibvlib.Names {
+		t.Run(name, func(t *testing.T) { checkImageLibrary(t, filepath.Join(out, name), imageLibraries[name]) })
+	}
+	if t.Failed() {
+		return
+	}
+
+	// Debian's rping: the loader takes both libraries from the image's
+	// directory, librdmacm's libibverbs.so.1 too.
+	if rping, err := exec.LookPath("rping"); err != nil {
+		t.Logf("no rping to load librdmacm.so.1 (rdmacm-utils; scripts/setup installs it): %v", err)
+	} else {
+		cmd := exec.Command(rping)
+		cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+out, "LD_TRACE_LOADED_OBJECTS=1")
+		b, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s with LD_TRACE_LOADED_OBJECTS: %v\n%s", rping, err, b)
+		}
+		for _, name := range ibvlib.Names {
+			if want := name + " => " + filepath.Join(out, name) + " "; !strings.Contains(string(b), want) {
+				t.Errorf("rping does not load the image's %s:\n%s", name, b)
+			}
+		}
 	}
 
 	// Debian's ibv_devices on it: it asks the socket for the devices.
@@ -269,5 +341,47 @@ func TestImageLibrary(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatalf("ibv_devices never connected to TAPROCE_SOCKET: it did not load the image's library\n%s", b)
+	}
+}
+
+// checkImageLibrary checks a library the libraries' stage built against
+// what is expected of it.
+func checkImageLibrary(t *testing.T, path string, want imageLibrary) {
+	if err := ibvlib.Check(path); err != nil {
+		t.Fatal(err)
+	}
+	f, err := elf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if libs, _ := f.ImportedLibraries(); !slices.Equal(libs, want.needs) {
+		t.Errorf("needs %v, want %v", libs, want.needs)
+	}
+	for _, tag := range []elf.DynTag{elf.DT_RPATH, elf.DT_RUNPATH} {
+		if v, _ := f.DynString(tag); len(v) > 0 {
+			t.Errorf("%v %v: the library would look for others in the build's directories", tag, v)
+		}
+	}
+	syms, err := f.DynamicSymbols()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, s := range syms {
+		if s.Section == elf.SHN_UNDEF || !strings.HasPrefix(s.Version, want.prefix) {
+			continue
+		}
+		v := s.Version
+		if s.VersionIndex.IsHidden() {
+			v = "(" + v + ")"
+		}
+		got = append(got, v+" "+s.Name)
+	}
+	exports := want.exports(t, "..")
+	slices.Sort(got)
+	slices.Sort(exports)
+	if len(exports) == 0 || !slices.Equal(got, exports) {
+		t.Errorf("exports %d versioned symbols, want %d; they differ:\n%v\n%v", len(got), len(exports), got, exports)
 	}
 }

@@ -135,8 +135,9 @@ func podContainer(t *testing.T, p ibverbsPod, name, image, netns string, hosts m
 
 // TestPodmanIbWriteBw runs ibverbs-example.yaml on this machine with
 // podman, as a node of the DaemonSet would run it: the taproce image's
-// entrypoint (-install-only) installs the image's libibverbs.so.1 into a
-// directory standing for the node's /opt/taproce/lib; a lab (two network
+// entrypoint (-install-only) installs the image's libibverbs.so.1 and
+// librdmacm.so.1 into a directory standing for the node's
+// /opt/taproce/lib; a lab (two network
 // namespaces with a taproce port each, its appliance serving on a socket
 // in a directory standing for the node's /run/taproce) stands for the
 // node's appliance and the two pods' networks; the perftest image
@@ -173,7 +174,7 @@ func TestPodmanIbWriteBw(t *testing.T) {
 		t.Skipf("podman cannot run a container on this machine: %v\n%s", err, out)
 	}
 
-	// The node: the DaemonSet's entrypoint installs the library.
+	// The node: the DaemonSet's entrypoint installs the libraries.
 	node := t.TempDir()
 	libDir, cniBin, run := filepath.Join(node, "opt/taproce/lib"), filepath.Join(node, "opt/cni/bin"), filepath.Join(node, "run/taproce")
 	for _, d := range []string{libDir, cniBin, run} {
@@ -199,8 +200,10 @@ func TestPodmanIbWriteBw(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ibvlib.Check(filepath.Join(libDir, ibvlib.Name)); err != nil {
-		t.Fatalf("the entrypoint did not install taproce's library: %v\n%s", err, out)
+	for _, name := range ibvlib.Names {
+		if err := ibvlib.Check(filepath.Join(libDir, name)); err != nil {
+			t.Fatalf("the entrypoint did not install taproce's %s: %v\n%s", name, err, out)
+		}
 	}
 
 	// The node's appliance and the pods' networks.

@@ -13,6 +13,8 @@ import (
 	"strings"
 
 	"github.com/containernetworking/cni/libcni"
+
+	"github.com/taproce/taproce/internal/ibvlib"
 )
 
 // PluginType is the "type" of taproce-cni in a network configuration, and
@@ -49,20 +51,17 @@ type Entry struct {
 	PortName    string `json:"portName,omitempty"`
 }
 
-// LibName is the file name of taproce's libibverbs.so.1 on the node: the
-// soname unmodified ibverbs programs load.
-const LibName = "libibverbs.so.1"
-
 // Installer puts taproce-cni and its network configuration onto the node,
 // whose directories are mounted into the container, and with them
-// taproce's libibverbs.so.1, which pods mount from the node to run
-// unmodified ibverbs programs.
+// taproce's libraries (ibvlib.Names: libibverbs.so.1 and librdmacm.so.1),
+// which pods mount from the node to run unmodified ibverbs and RDMA CM
+// programs.
 //
 // Every change is atomic (a new file in the same directory, synced, then
 // renamed over the old one), so a runtime never reads half a file, and
 // idempotent: what is already as it should be is not rewritten. For the
-// library this is what keeps running programs alive: a program has the
-// installed file mapped, and writing a new one into it in place would
+// libraries this is what keeps running programs alive: a program has the
+// installed files mapped, and writing a new one into them in place would
 // change the code under it; a rename leaves it the old file, which
 // lives on until it exits, and gives programs started after it the new
 // one.
@@ -80,10 +79,11 @@ type Installer struct {
 	Conflist string
 	// Entry is what ModePrimary adds to the primary conflist's plugins.
 	Entry Entry
-	// Lib is taproce's libibverbs.so.1 to install into LibDir (the
-	// image's /usr/lib/taproce/libibverbs.so.1); "" installs none.
-	Lib string
-	// LibDir is the node's directory for the library
+	// LibSrc is the directory holding taproce's libraries, every one of
+	// ibvlib.Names, to install into LibDir (the image's
+	// /usr/lib/taproce); "" installs none.
+	LibSrc string
+	// LibDir is the node's directory for the libraries
 	// (/host/opt/taproce/lib), which pods mount and name in
 	// LD_LIBRARY_PATH.
 	LibDir string
@@ -93,11 +93,10 @@ type Installer struct {
 
 // Result says what an Install or Uninstall changed.
 type Result struct {
-	// Lib is the installed library's path, "" when there is none to
-	// install; LibChanged whether it was written (or, for Uninstall,
-	// removed).
-	Lib        string
-	LibChanged bool
+	// Libs are the installed libraries' paths in LibDir, in the order
+	// of ibvlib.Names, none when there are none to install; LibsChanged
+	// those of them that were written (or, for Uninstall, removed).
+	Libs, LibsChanged []string
 	// Binary is the installed plugin's path; BinaryChanged whether it
 	// was written (or, for Uninstall, removed).
 	Binary        string
@@ -116,24 +115,42 @@ func (in *Installer) log() *slog.Logger {
 	return slog.Default()
 }
 
-// Install copies the library into LibDir and the plugin into BinDir and
+// Install copies the libraries into LibDir and the plugin into BinDir and
 // then, as Mode says, chains the plugin into the primary configuration or
-// installs Conflist. The library and the binary come first, so that no
+// installs Conflist. The libraries and the binary come first, so that no
 // configuration names a plugin the node lacks and no pod gets a port
-// before the library its programs load is there. With ModePrimary and no
-// configuration yet, it returns an error wrapping ErrNoPrimary after
-// installing the files; calling it again later finishes the job.
+// before the libraries its programs load are there; all of them are read
+// before any is written, so that an image lacking one installs nothing.
+// With ModePrimary and no configuration yet, it returns an error wrapping
+// ErrNoPrimary after installing the files; calling it again later
+// finishes the job.
 func (in *Installer) Install() (Result, error) {
 	var res Result
-	var err error
-	if in.Lib != "" {
-		res.Lib = filepath.Join(in.LibDir, LibName)
-		if res.LibChanged, err = in.copyFile("the library", "libibverbs.so.1 installed", in.Lib, res.Lib, 0o644); err != nil {
+	var libs []*file
+	if in.LibSrc != "" {
+		for _, name := range ibvlib.Names {
+			libs = append(libs, &file{what: name, src: filepath.Join(in.LibSrc, name), dst: filepath.Join(in.LibDir, name), perm: 0o644})
+		}
+	}
+	plugin := &file{what: PluginType, src: in.Plugin, dst: filepath.Join(in.BinDir, PluginType), perm: 0o755}
+	for _, f := range append(libs, plugin) {
+		if err := f.read(); err != nil {
 			return res, err
 		}
 	}
-	res.Binary = filepath.Join(in.BinDir, PluginType)
-	if res.BinaryChanged, err = in.copyFile("the plugin", "CNI plugin installed", in.Plugin, res.Binary, 0o755); err != nil {
+	for _, f := range libs {
+		res.Libs = append(res.Libs, f.dst)
+		changed, err := in.put(f)
+		if err != nil {
+			return res, err
+		}
+		if changed {
+			res.LibsChanged = append(res.LibsChanged, f.dst)
+		}
+	}
+	res.Binary = plugin.dst
+	var err error
+	if res.BinaryChanged, err = in.put(plugin); err != nil {
 		return res, err
 	}
 	switch in.Mode {
@@ -152,19 +169,31 @@ func (in *Installer) Install() (Result, error) {
 	return res, err
 }
 
-// copyFile puts src's bytes at dst with perm unless dst already holds
-// them, logging installed when it wrote; what names src in errors.
-func (in *Installer) copyFile(what, installed, src, dst string, perm os.FileMode) (bool, error) {
-	data, err := os.ReadFile(src)
-	if err != nil {
-		return false, fmt.Errorf("install: reading %s: %w", what, err)
+// file is one file Install copies from the image onto the node.
+type file struct {
+	what     string // for messages: "taproce-cni", "libibverbs.so.1"
+	src, dst string
+	perm     os.FileMode
+	data     []byte // src's, once read
+}
+
+// read reads f's source.
+func (f *file) read() (err error) {
+	if f.data, err = os.ReadFile(f.src); err != nil {
+		return fmt.Errorf("install: reading %s: %w", f.what, err)
 	}
-	changed, err := writeIfChanged(dst, data, perm)
+	return nil
+}
+
+// put writes f's data to its destination unless it already holds them,
+// and logs when it wrote.
+func (in *Installer) put(f *file) (bool, error) {
+	changed, err := writeIfChanged(f.dst, f.data, f.perm)
 	if err != nil {
 		return false, fmt.Errorf("install: %w", err)
 	}
 	if changed {
-		in.log().Info(installed, "path", dst, "bytes", len(data))
+		in.log().Info(f.what+" installed", "path", f.dst, "bytes", len(f.data))
 	}
 	return changed, nil
 }
@@ -348,8 +377,8 @@ func sameJSON(a, b []byte) bool {
 
 // Uninstall undoes Install: it takes taproce-cni out of every conflist of
 // ConfDir (a conflist ModeFile installed is removed whole) and removes
-// the binary and the library (programs running on it keep the file they
-// have mapped). A conflist Install made from a single plugin's .conf
+// the binary and the libraries (programs running on them keep the files
+// they have mapped). A conflist Install made from a single plugin's .conf
 // stays a conflist, with that plugin alone.
 func (in *Installer) Uninstall() (Result, error) {
 	var res Result
@@ -383,12 +412,15 @@ func (in *Installer) Uninstall() (Result, error) {
 		errs = append(errs, err)
 	}
 	if in.LibDir != "" {
-		res.Lib = filepath.Join(in.LibDir, LibName)
-		if err := os.Remove(res.Lib); err == nil {
-			res.LibChanged = true
-			in.log().Info("libibverbs.so.1 removed", "path", res.Lib)
-		} else if !errors.Is(err, fs.ErrNotExist) {
-			errs = append(errs, err)
+		for _, name := range ibvlib.Names {
+			lib := filepath.Join(in.LibDir, name)
+			res.Libs = append(res.Libs, lib)
+			if err := os.Remove(lib); err == nil {
+				res.LibsChanged = append(res.LibsChanged, lib)
+				in.log().Info(name+" removed", "path", lib)
+			} else if !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, err)
+			}
 		}
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -4,16 +4,20 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+
+	"github.com/taproce/taproce/internal/ibvlib"
 )
 
 // bridgeConflist is a primary network configuration as a cluster's
@@ -31,10 +35,11 @@ const bridgeConflist = `{
 
 // host lays out a temporary directory as the DaemonSet mounts the node:
 // host/opt/cni/bin, host/etc/cni/net.d, host/opt/taproce/lib (not made:
-// the installer makes it); and a plugin binary and a library to install.
+// the installer makes it); and a plugin binary and the image's directory
+// of libraries (libSrc) to install.
 type host struct {
 	root, bin, conf, plugin string
-	lib, libDir             string
+	libSrc, libDir          string
 }
 
 func newHost(t *testing.T) host {
@@ -42,8 +47,8 @@ func newHost(t *testing.T) host {
 	root := t.TempDir()
 	h := host{root: root, bin: filepath.Join(root, "host/opt/cni/bin"), conf: filepath.Join(root, "host/etc/cni/net.d"),
 		plugin: filepath.Join(root, "image/taproce-cni"),
-		lib:    filepath.Join(root, "image/usr/lib/taproce/libibverbs.so.1"), libDir: filepath.Join(root, "host/opt/taproce/lib")}
-	for _, d := range []string{h.bin, h.conf, filepath.Dir(h.plugin), filepath.Dir(h.lib)} {
+		libSrc: filepath.Join(root, "image/usr/lib/taproce"), libDir: filepath.Join(root, "host/opt/taproce/lib")}
+	for _, d := range []string{h.bin, h.conf, filepath.Dir(h.plugin), h.libSrc} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -51,12 +56,29 @@ func newHost(t *testing.T) host {
 	// Something the node already has, which must stay as it is.
 	write(t, filepath.Join(h.bin, "bridge"), "\x7fELF bridge", 0o755)
 	write(t, h.plugin, "\x7fELF taproce-cni v1", 0o755)
-	write(t, h.lib, "\x7fELF libibverbs v1", 0o644)
+	for _, name := range ibvlib.Names {
+		write(t, filepath.Join(h.libSrc, name), libData(name, 1), 0o644)
+	}
 	return h
 }
 
+// libData is what the image's library of that name holds in version v.
+func libData(name string, v int) string {
+	return fmt.Sprintf("\x7fELF %s v%d", name, v)
+}
+
+// installed returns the paths of the libraries in the node's directory,
+// in the order of ibvlib.Names.
+func (h host) installed() []string {
+	var out []string
+	for _, name := range ibvlib.Names {
+		out = append(out, filepath.Join(h.libDir, name))
+	}
+	return out
+}
+
 func (h host) installer(mode string) *Installer {
-	return &Installer{BinDir: h.bin, ConfDir: h.conf, Plugin: h.plugin, Mode: mode, Lib: h.lib, LibDir: h.libDir,
+	return &Installer{BinDir: h.bin, ConfDir: h.conf, Plugin: h.plugin, Mode: mode, LibSrc: h.libSrc, LibDir: h.libDir,
 		Entry: Entry{AdminSocket: "/run/taproce/admin.sock"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 }
 
@@ -436,88 +458,155 @@ func TestWriteAtomicFailure(t *testing.T) {
 	}
 }
 
-// TestInstallLibrary: the library lands in the node's library directory
-// (made if missing) with the image's bytes, readable by all; a second
-// run leaves the very file; a new library replaces it by a rename, so
-// that a program that has the old one mapped goes on with the old bytes
-// (written in place, they would change under it); Uninstall removes it.
-// Every mode installs it.
+// TestInstallLibrary: each of taproce's libraries lands in the node's
+// library directory (made if missing) with the image's bytes, readable
+// by all; a second run leaves the very files; a new library replaces
+// its own file alone, by a rename, so that a program that has the old
+// one mapped goes on with the old bytes (written in place, they would
+// change under it); Uninstall removes them all. Every mode installs
+// them.
 func TestInstallLibrary(t *testing.T) {
 	for _, mode := range []string{ModePrimary, ModeNone} {
-		t.Run(mode, func(t *testing.T) {
+		for _, updated := range ibvlib.Names {
+			t.Run(mode+"/"+updated, func(t *testing.T) {
+				testInstallLibrary(t, mode, updated)
+			})
+		}
+	}
+}
+
+// testInstallLibrary installs, then has the image bring a new version of
+// the library named updated.
+func testInstallLibrary(t *testing.T, mode, updated string) {
+	h := newHost(t)
+	write(t, filepath.Join(h.conf, "10-bridge.conflist"), bridgeConflist, 0o644)
+	in := h.installer(mode)
+	res, err := in.Install()
+	all := h.installed()
+	if err != nil || !slices.Equal(res.Libs, all) || !slices.Equal(res.LibsChanged, all) {
+		t.Fatalf("%+v, %v; want %v installed", res, err, all)
+	}
+	before := map[string]os.FileInfo{}
+	for i, name := range ibvlib.Names {
+		if got := read(t, all[i]); got != libData(name, 1) {
+			t.Fatalf("installed %s: %q", name, got)
+		}
+		fi := stat(t, all[i])
+		if fi.Mode().Perm() != 0o644 || !fi.Mode().IsRegular() {
+			t.Fatalf("installed %s: mode %v", name, fi.Mode())
+		}
+		before[name] = fi
+	}
+	if res, err := in.Install(); err != nil || len(res.LibsChanged) > 0 {
+		t.Fatalf("again: %+v, %v: rewritten", res, err)
+	}
+	for i, name := range ibvlib.Names {
+		if !os.SameFile(before[name], stat(t, all[i])) {
+			t.Fatalf("again: %s rewritten", name)
+		}
+	}
+
+	// A program has the library mapped while a new one comes.
+	path := filepath.Join(h.libDir, updated)
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	mapped, err := syscall.Mmap(int(f.Fd()), 0, int(before[updated].Size()), syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Munmap(mapped)
+	newer := libData(updated, 2) + ", longer"
+	write(t, filepath.Join(h.libSrc, updated), newer, 0o644)
+	if res, err := in.Install(); err != nil || !slices.Equal(res.LibsChanged, []string{path}) {
+		t.Fatalf("new %s: %+v, %v", updated, res, err)
+	}
+	for i, name := range ibvlib.Names {
+		switch got := read(t, all[i]); {
+		case name == updated && got != newer:
+			t.Fatalf("installed %s %q after its update", name, got)
+		case name != updated && (got != libData(name, 1) || !os.SameFile(before[name], stat(t, all[i]))):
+			t.Fatalf("%s rewritten (%q) when %s was updated", name, got, updated)
+		}
+	}
+	if string(mapped) != libData(updated, 1) {
+		t.Fatalf("the running program's mapping changed to %q: the library was written in place", mapped)
+	}
+	noTemporaries(t, h.libDir)
+
+	res, err = in.Uninstall()
+	if err != nil || !slices.Equal(res.Libs, all) || !slices.Equal(res.LibsChanged, all) {
+		t.Fatalf("uninstall: %+v, %v", res, err)
+	}
+	for _, p := range all {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s left", p)
+		}
+	}
+	if res, err := in.Uninstall(); err != nil || len(res.LibsChanged) > 0 {
+		t.Fatalf("second uninstall: %+v, %v", res, err)
+	}
+}
+
+// TestUninstallLibraryGone: a library already gone from the node is no
+// error, and the others are removed all the same.
+func TestUninstallLibraryGone(t *testing.T) {
+	for i, gone := range ibvlib.Names {
+		t.Run(gone, func(t *testing.T) {
 			h := newHost(t)
-			write(t, filepath.Join(h.conf, "10-bridge.conflist"), bridgeConflist, 0o644)
-			in := h.installer(mode)
-			res, err := in.Install()
-			installed := filepath.Join(h.libDir, LibName)
-			if err != nil || res.Lib != installed || !res.LibChanged {
-				t.Fatalf("%+v, %v", res, err)
-			}
-			if got := read(t, installed); got != "\x7fELF libibverbs v1" {
-				t.Fatalf("installed library %q", got)
-			}
-			fi := stat(t, installed)
-			if fi.Mode().Perm() != 0o644 || !fi.Mode().IsRegular() {
-				t.Fatalf("installed library mode %v", fi.Mode())
-			}
-			if res, err := in.Install(); err != nil || res.LibChanged || !os.SameFile(fi, stat(t, installed)) {
-				t.Fatalf("again: %+v, %v: rewritten", res, err)
-			}
-
-			// A program has the library mapped while a new one comes.
-			f, err := os.Open(installed)
-			if err != nil {
+			in := h.installer(ModeNone)
+			if _, err := in.Install(); err != nil {
 				t.Fatal(err)
 			}
-			defer f.Close()
-			mapped, err := syscall.Mmap(int(f.Fd()), 0, int(fi.Size()), syscall.PROT_READ, syscall.MAP_SHARED)
-			if err != nil {
+			all := h.installed()
+			if err := os.Remove(all[i]); err != nil {
 				t.Fatal(err)
 			}
-			defer syscall.Munmap(mapped)
-			write(t, h.lib, "\x7fELF libibverbs v2, longer", 0o644)
-			if res, err := in.Install(); err != nil || !res.LibChanged {
-				t.Fatalf("new library: %+v, %v", res, err)
+			res, err := in.Uninstall()
+			want := slices.Delete(slices.Clone(all), i, i+1)
+			if err != nil || !slices.Equal(res.LibsChanged, want) {
+				t.Fatalf("%+v, %v; want %v removed", res, err, want)
 			}
-			if got := read(t, installed); got != "\x7fELF libibverbs v2, longer" {
-				t.Fatalf("installed library %q after the update", got)
-			}
-			if string(mapped) != "\x7fELF libibverbs v1" {
-				t.Fatalf("the running program's mapping changed to %q: the library was written in place", mapped)
-			}
-			noTemporaries(t, h.libDir)
-
-			res, err = in.Uninstall()
-			if err != nil || !res.LibChanged || res.Lib != installed {
-				t.Fatalf("uninstall: %+v, %v", res, err)
-			}
-			if _, err := os.Stat(installed); !errors.Is(err, os.ErrNotExist) {
-				t.Fatal("library left")
-			}
-			if res, err := in.Uninstall(); err != nil || res.LibChanged {
-				t.Fatalf("second uninstall: %+v, %v", res, err)
+			if left, _ := os.ReadDir(h.libDir); len(left) > 0 {
+				t.Fatalf("left in the library directory: %v", left)
 			}
 		})
 	}
 }
 
-// TestInstallLibraryMissing: an image without the library is an error
-// before anything is installed; with no library asked for (-lib=), the
-// plugin is installed alone.
+// TestInstallLibraryMissing: an image lacking any of the libraries is an
+// error before anything is installed, the others included; with no
+// libraries asked for (-lib=), the plugin is installed alone.
 func TestInstallLibraryMissing(t *testing.T) {
+	for _, missing := range ibvlib.Names {
+		t.Run(missing, func(t *testing.T) {
+			h := newHost(t)
+			write(t, filepath.Join(h.conf, "10-bridge.conflist"), bridgeConflist, 0o644)
+			if err := os.Remove(filepath.Join(h.libSrc, missing)); err != nil {
+				t.Fatal(err)
+			}
+			in := h.installer(ModePrimary)
+			res, err := in.Install()
+			if err == nil || !strings.Contains(err.Error(), "reading "+missing) || !errors.Is(err, os.ErrNotExist) ||
+				res.BinaryChanged || res.ConfChanged || len(res.LibsChanged) > 0 {
+				t.Fatalf("%+v, %v", res, err)
+			}
+			if _, err := os.Stat(filepath.Join(h.bin, PluginType)); !errors.Is(err, os.ErrNotExist) {
+				t.Fatal("the plugin was installed without the library")
+			}
+			if _, err := os.Stat(h.libDir); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("a library was installed without %s", missing)
+			}
+		})
+	}
 	h := newHost(t)
 	write(t, filepath.Join(h.conf, "10-bridge.conflist"), bridgeConflist, 0o644)
 	in := h.installer(ModePrimary)
-	in.Lib = filepath.Join(h.root, "image/none/libibverbs.so.1")
-	if res, err := in.Install(); err == nil || !strings.Contains(err.Error(), "reading the library") || res.BinaryChanged || res.ConfChanged {
-		t.Fatalf("%+v, %v", res, err)
-	}
-	if _, err := os.Stat(filepath.Join(h.bin, PluginType)); !errors.Is(err, os.ErrNotExist) {
-		t.Fatal("the plugin was installed without the library")
-	}
-	in.Lib = ""
+	in.LibSrc = ""
 	res, err := in.Install()
-	if err != nil || res.Lib != "" || res.LibChanged || !res.BinaryChanged {
+	if err != nil || res.Libs != nil || res.LibsChanged != nil || !res.BinaryChanged {
 		t.Fatalf("no library: %+v, %v", res, err)
 	}
 	if _, err := os.Stat(h.libDir); !errors.Is(err, os.ErrNotExist) {

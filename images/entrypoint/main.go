@@ -3,18 +3,21 @@
 // socket accepts connections, installs the CNI plugin onto the node —
 // the taproce-cni binary into the node's CNI binary directory and
 // taproce-cni chained into the node's primary network configuration —
-// and taproce's libibverbs.so.1 into the node's /opt/taproce/lib, for
-// pods' unmodified ibverbs programs, then keeps them in place while the
-// appliance runs.
+// and taproce's libibverbs.so.1 and librdmacm.so.1 into the node's
+// /opt/taproce/lib, for pods' unmodified ibverbs and RDMA CM programs,
+// then keeps them in place while the appliance runs.
 //
 //	taproce-entrypoint [flags] [-- extra arguments of taproce run]
 //
 // The node's directories are expected where the DaemonSet mounts them:
-// /host/opt/cni/bin, /host/etc/cni/net.d and /host/opt/taproce/lib. The plugin is installed only
-// after the appliance serves, so that pods the runtime creates meanwhile
-// do not fail for want of it; when another installer (the cluster's
-// network plugin rewriting its configuration) undoes the chaining, the
-// next check, every -resync, redoes it.
+// /host/opt/cni/bin, /host/etc/cni/net.d and /host/opt/taproce/lib; the
+// libraries where the image has them, /usr/lib/taproce (-lib names that
+// directory; a path to one of the libraries, the form -lib had when it
+// installed libibverbs.so.1 alone, stands for its directory). The plugin
+// is installed only after the appliance serves, so that pods the runtime
+// creates meanwhile do not fail for want of it; when another installer
+// (the cluster's network plugin rewriting its configuration) undoes the
+// chaining, the next check, every -resync, redoes it.
 //
 // SIGTERM and SIGINT are passed to the appliance; the entrypoint exits
 // with the appliance's status. By default it leaves the plugin installed
@@ -35,10 +38,14 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/taproce/taproce/config"
+	"github.com/taproce/taproce/internal/ibvlib"
 )
 
 // version is set at build time with -ldflags "-X main.version=…".
@@ -51,10 +58,10 @@ const (
 	DefaultConfig  = "/etc/taproce/taproce.toml"
 	DefaultBinDir  = "/host/opt/cni/bin"
 	DefaultConfDir = "/host/etc/cni/net.d"
-	// DefaultLib is where the image has taproce's libibverbs.so.1, and
-	// DefaultLibDir the node's /opt/taproce/lib as the DaemonSet mounts
-	// it, which pods mount in turn.
-	DefaultLib    = "/usr/lib/taproce/libibverbs.so.1"
+	// DefaultLibSrc is where the image has taproce's libraries
+	// (ibvlib.Names), and DefaultLibDir the node's /opt/taproce/lib as
+	// the DaemonSet mounts it, which pods mount in turn.
+	DefaultLibSrc = "/usr/lib/taproce"
 	DefaultLibDir = "/host/opt/taproce/lib"
 )
 
@@ -82,20 +89,21 @@ func parseFlags(args []string, stdout, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.install.Plugin, "plugin", DefaultPlugin, "the taproce-cni `binary` to install")
 	fs.StringVar(&o.install.BinDir, "cni-bin-dir", DefaultBinDir, "the node's CNI binary `directory`, as mounted")
 	fs.StringVar(&o.install.ConfDir, "cni-conf-dir", DefaultConfDir, "the node's CNI configuration `directory`, as mounted")
-	fs.StringVar(&o.install.Lib, "lib", DefaultLib, "taproce's libibverbs.so.1 `file` to install for pods' ibverbs programs (empty: none)")
-	fs.StringVar(&o.install.LibDir, "lib-dir", DefaultLibDir, "the node's `directory` for libibverbs.so.1, as mounted; pods mount it and name it in LD_LIBRARY_PATH")
+	fs.StringVar(&o.install.LibSrc, "lib", DefaultLibSrc, "the `directory` of taproce's "+strings.Join(ibvlib.Names, " and ")+
+		" to install for pods' ibverbs and RDMA CM programs (a path to one of them: its directory; empty: none)")
+	fs.StringVar(&o.install.LibDir, "lib-dir", DefaultLibDir, "the node's `directory` for the libraries, as mounted; pods mount it and name it in LD_LIBRARY_PATH")
 	fs.StringVar(&o.install.Mode, "mode", ModePrimary, "`how` the network configuration names taproce-cni: primary (chain it into the first configuration), file (install -conflist), none (only the binary, e.g. for Multus)")
 	fs.StringVar(&o.install.Conflist, "conflist", "", "the conflist `file` mode file installs")
 	fs.StringVar(&o.install.Entry.PortName, "port-name", "", "the pods' TAP device `name` in the chained entry (default: the plugin's, roce0)")
 	fs.DurationVar(&o.resync, "resync", 30*time.Second, "how often to check that the plugin is still installed and chained")
 	fs.DurationVar(&o.readyWait, "ready-timeout", time.Minute, "how long to wait for the appliance's admin socket before giving up")
-	fs.BoolVar(&o.installOnly, "install-only", false, "install the plugin and the library and exit, without running the appliance")
-	fs.BoolVar(&o.uninstall, "uninstall", false, "remove the plugin, its entries and the library and exit")
-	fs.BoolVar(&o.uninstallOnExit, "uninstall-on-exit", false, "remove the plugin, its entries and the library when the appliance stops")
+	fs.BoolVar(&o.installOnly, "install-only", false, "install the plugin and the libraries and exit, without running the appliance")
+	fs.BoolVar(&o.uninstall, "uninstall", false, "remove the plugin, its entries and the libraries and exit")
+	fs.BoolVar(&o.uninstallOnExit, "uninstall-on-exit", false, "remove the plugin, its entries and the libraries when the appliance stops")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage: taproce-entrypoint [flags] [-- extra arguments of taproce run]")
-		fmt.Fprintln(stderr, "\nRuns the appliance and installs the CNI plugin and taproce's libibverbs.so.1 onto the node. Flags:")
+		fmt.Fprintf(stderr, "\nRuns the appliance and installs the CNI plugin and taproce's %s onto the node. Flags:\n", strings.Join(ibvlib.Names, " and "))
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -106,6 +114,11 @@ func parseFlags(args []string, stdout, stderr io.Writer) (*options, error) {
 		return nil, flag.ErrHelp
 	}
 	o.runArgs = fs.Args()
+	// -lib naming one of the libraries (it named libibverbs.so.1 when
+	// that was the only one) stands for the directory holding them.
+	if slices.Contains(ibvlib.Names, filepath.Base(o.install.LibSrc)) {
+		o.install.LibSrc = filepath.Dir(o.install.LibSrc)
+	}
 	switch o.install.Mode {
 	case ModePrimary, ModeNone:
 	case ModeFile:
@@ -230,7 +243,7 @@ func tryInstall(in *Installer, logger *slog.Logger, before bool) bool {
 		return false
 	}
 	if !before {
-		logger.Info("CNI plugin in place", "binary", res.Binary, "conf", res.Conf, "mode", in.Mode, "lib", res.Lib)
+		logger.Info("CNI plugin in place", "binary", res.Binary, "conf", res.Conf, "mode", in.Mode, "libs", res.Libs)
 	}
 	return true
 }

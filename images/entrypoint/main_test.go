@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/taproce/taproce/config"
+	"github.com/taproce/taproce/internal/ibvlib"
 )
 
 // The test binary plays two parts in TestSupervise, chosen by the
@@ -83,10 +85,14 @@ func entrypoint(t *testing.T, env []string, args ...string) (*exec.Cmd, *bytes.B
 	cmd.Env = append(append(os.Environ(), "ENTRYPOINT_TEST_ROLE=entrypoint"), env...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
+	// A process group of its own, killed whole when the test ends: a test
+	// that fails before the entrypoint exits leaves no appliance behind
+	// holding the output pipe, which Wait would wait on for ever.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	t.Cleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); cmd.Wait() })
 	return cmd, &out
 }
 
@@ -132,9 +138,20 @@ func TestSupervise(t *testing.T) {
 	os.MkdirAll(filepath.Dir(sock), 0o755)
 	cfgPath := filepath.Join(h.root, "taproce.toml")
 	write(t, cfgPath, fmt.Sprintf("admin_socket = %q\nsocket = %q\n", sock, filepath.Join(h.root, "run/taproce.sock")), 0o644)
-	args := []string{"-plugin", h.plugin, "-cni-bin-dir", h.bin, "-cni-conf-dir", h.conf, "-lib", h.lib, "-lib-dir", h.libDir,
+	args := []string{"-plugin", h.plugin, "-cni-bin-dir", h.bin, "-cni-conf-dir", h.conf, "-lib", h.libSrc, "-lib-dir", h.libDir,
 		"-config", cfgPath, "-resync", "100ms"}
-	lib := filepath.Join(h.libDir, LibName)
+	// onNode reports whether every library on the node is the image's,
+	// and whether any is there at all.
+	onNode := func(t *testing.T) (all, any bool) {
+		t.Helper()
+		all = true
+		for _, name := range ibvlib.Names {
+			data, err := os.ReadFile(filepath.Join(h.libDir, name))
+			all = all && err == nil && string(data) == read(t, filepath.Join(h.libSrc, name))
+			any = any || err == nil
+		}
+		return all, any
+	}
 
 	t.Run("SIGTERM", func(t *testing.T) {
 		cmd, out := entrypoint(t, []string{"FAKE_APPLIANCE_DELAY=300ms"}, append(args, "-uninstall-on-exit", "--", "--log-level", "debug")...)
@@ -147,8 +164,8 @@ func TestSupervise(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(h.bin, PluginType)); err != nil {
 			t.Fatal(err)
 		}
-		if read(t, lib) != read(t, h.lib) {
-			t.Fatal("the library on the node is not the image's")
+		if all, _ := onNode(t); !all {
+			t.Fatal("the libraries on the node are not the image's")
 		}
 		// The cluster's plugin rewrites its file: the entry comes back.
 		write(t, primary, bridgeConflist, 0o644)
@@ -168,8 +185,8 @@ func TestSupervise(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(h.bin, PluginType)); err == nil {
 			t.Fatal("-uninstall-on-exit left the binary")
 		}
-		if _, err := os.Stat(lib); err == nil {
-			t.Fatal("-uninstall-on-exit left the library")
+		if _, any := onNode(t); any {
+			t.Fatal("-uninstall-on-exit left a library")
 		}
 	})
 
@@ -194,16 +211,61 @@ func TestSupervise(t *testing.T) {
 	})
 
 	t.Run("uninstall", func(t *testing.T) {
+		if _, any := onNode(t); !any {
+			t.Fatal("no library on the node to uninstall")
+		}
 		cmd, out := entrypoint(t, nil, append(args, "-uninstall")...)
 		if code := exitCode(t, cmd, out); code != 0 || strings.Contains(read(t, primary), PluginType) {
 			t.Fatalf("exit status %d; output:\n%s", code, out)
+		}
+		if _, any := onNode(t); any {
+			t.Fatal("-uninstall left a library")
 		}
 	})
 
 	t.Run("install only", func(t *testing.T) {
 		cmd, out := entrypoint(t, nil, append(args, "-install-only")...)
-		if code := exitCode(t, cmd, out); code != 0 || !strings.Contains(read(t, primary), sock) || read(t, lib) != read(t, h.lib) {
+		if code := exitCode(t, cmd, out); code != 0 || !strings.Contains(read(t, primary), sock) {
 			t.Fatalf("exit status %d; output:\n%s", code, out)
 		}
+		if all, _ := onNode(t); !all {
+			t.Fatalf("-install-only: the libraries on the node are not the image's; output:\n%s", out)
+		}
 	})
+}
+
+// TestLibFlag: -lib names the directory of the libraries, by default the
+// image's; a path to one of them (the form -lib had when it installed
+// libibverbs.so.1 alone) stands for its directory; -lib= installs none.
+func TestLibFlag(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{nil, DefaultLibSrc},
+		{[]string{"-lib", "/img/lib"}, "/img/lib"},
+		{[]string{"-lib=/img/lib/"}, "/img/lib/"},
+		{[]string{"-lib", "/img/lib/libibverbs.so.1"}, "/img/lib"},
+		{[]string{"-lib", "/img/lib/librdmacm.so.1"}, "/img/lib"},
+		{[]string{"-lib="}, ""},
+	} {
+		var stderr bytes.Buffer
+		o, err := parseFlags(c.args, io.Discard, &stderr)
+		if err != nil || o.install.LibSrc != c.want {
+			t.Errorf("%q: %+v, %v; want -lib %q\n%s", c.args, o, err, c.want, &stderr)
+		}
+	}
+	h := newHost(t)
+	cfgPath := filepath.Join(h.root, "taproce.toml")
+	write(t, cfgPath, fmt.Sprintf("admin_socket = %q\nsocket = %q\n", filepath.Join(h.root, "admin.sock"), filepath.Join(h.root, "taproce.sock")), 0o644)
+	cmd, out := entrypoint(t, nil, "-install-only", "-mode=none", "-config", cfgPath,
+		"-plugin", h.plugin, "-cni-bin-dir", h.bin, "-lib", filepath.Join(h.libSrc, ibvlib.Name), "-lib-dir", h.libDir)
+	if code := exitCode(t, cmd, out); code != 0 {
+		t.Fatalf("exit status %d; output:\n%s", code, out)
+	}
+	for _, name := range ibvlib.Names {
+		if got, want := read(t, filepath.Join(h.libDir, name)), read(t, filepath.Join(h.libSrc, name)); got != want {
+			t.Errorf("-lib FILE: %s on the node %q, want %q", name, got, want)
+		}
+	}
 }

@@ -24,7 +24,7 @@ const execTimeout = 10 * time.Second
 func runExec(args []string, _, stderr io.Writer) int {
 	fs := flag.NewFlagSet("exec", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	lib := fs.String("lib", "", "the `DIR`ectory of taproce's libibverbs.so.1 (default: $"+ibvlib.EnvDir+
+	lib := fs.String("lib", "", "the `DIR`ectory of taproce's libibverbs.so.1 and librdmacm.so.1 (default: $"+ibvlib.EnvDir+
 		", then ../lib/taproce beside this binary, /usr/local/lib/taproce, /usr/lib/taproce)")
 	socket := fs.String("socket", verbs.Socket(), "the appliance's control socket `PATH` ($TAPROCE_SOCKET)")
 	noSysfs := fs.Bool("no-sysfs", false, "leave the program the machine's own /sys/class and /dev (see above)")
@@ -52,10 +52,12 @@ func execUsage(w io.Writer, fs *flag.FlagSet) {
 	fmt.Fprintf(w, `Usage: taproce exec [flags] [--] PROGRAM [ARGS...]
 
 Runs PROGRAM, an unmodified program linked against libibverbs (ibv_devinfo,
-ibv_rc_pingpong, perftest, UCX, pyverbs, …), on taproce: taproce's
-libibverbs.so.1 first on its LD_LIBRARY_PATH, TAPROCE_SOCKET naming the
-appliance. taproce exec then becomes PROGRAM, whose signals and exit status
-are its own.
+ibv_rc_pingpong, perftest, UCX, pyverbs, …) or librdmacm (rping, perftest -R,
+rdma_server/rdma_client), on taproce: the directory of taproce's
+libibverbs.so.1 and librdmacm.so.1 first on its LD_LIBRARY_PATH,
+TAPROCE_SOCKET naming the appliance. A warning says when PROGRAM is linked to
+librdmacm.so.1 and that directory lacks taproce's. taproce exec then becomes
+PROGRAM, whose signals and exit status are its own.
 
 Programs such as UCX also read /sys/class/infiniband and look for
 /dev/infiniband/uverbsN themselves. Unless --no-sysfs, PROGRAM gets a mount

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -41,7 +42,7 @@ func TestExecErrors(t *testing.T) {
 	}{
 		{[]string{"exec"}, 2, []string{"taproce exec: no program to run\n", "Usage: taproce exec"}},
 		{[]string{"exec", "--lib", t.TempDir(), "true"}, 1,
-			[]string{"taproce exec: ibvlib: no taproce libibverbs.so.1 in ", "make -C verbs/libibverbs install", "--lib DIR"}},
+			[]string{"taproce exec: ibvlib: no taproce libibverbs.so.1 in ", "make -C verbs/libibverbs install", "make -C verbs/librdmacm install", "--lib DIR"}},
 		{[]string{"exec", "--lib", lib, "--no-sysfs", "no-such-program-here"}, 1,
 			[]string{"taproce exec: exec: \"no-such-program-here\": executable file not found"}},
 		{[]string{"exec", "--lib", lib, "--socket", nowhere, "true"}, 1,
@@ -54,6 +55,33 @@ func TestExecErrors(t *testing.T) {
 		for _, w := range c.want {
 			if !strings.Contains(errOut, w) {
 				t.Errorf("taproce %q: stderr lacks %q:\n%s", c.args, w, errOut)
+			}
+		}
+	}
+	// A program linked to librdmacm.so.1, run on a directory with
+	// taproce's libibverbs.so.1 alone: a warning says it will get
+	// rdma-core's librdmacm; on the directory where both were built, none.
+	if rping, err := exec.LookPath("rping"); err == nil {
+		ibvOnly := t.TempDir()
+		data, err := os.ReadFile(filepath.Join(lib, ibvlib.Name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(ibvOnly, ibvlib.Name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		warning := "is linked to librdmacm.so.1, which " + ibvOnly + " lacks"
+		if _, err := os.Stat(filepath.Join(lib, ibvlib.RDMACMName)); err != nil {
+			t.Fatalf("%s was not built beside %s: %v", ibvlib.RDMACMName, ibvlib.Name, err)
+		}
+		for _, c := range []struct {
+			dir  string
+			warn bool
+		}{{ibvOnly, true}, {lib, false}} {
+			code, _, errOut := runCmd("exec", "--lib", c.dir, "--socket", nowhere, rping, "-v")
+			if code != 1 || strings.Contains(errOut, "is linked to") != c.warn || c.warn && !strings.Contains(errOut, warning) ||
+				c.warn && !strings.Contains(errOut, "make -C verbs/librdmacm install") {
+				t.Errorf("taproce exec --lib %s rping: exit %d, warning %v expected:\n%s", c.dir, code, c.warn, errOut)
 			}
 		}
 	}

@@ -33,6 +33,7 @@ import (
 	"github.com/taproce/taproce/appliance/redirect/redirecttest"
 	"github.com/taproce/taproce/config"
 	"github.com/taproce/taproce/images"
+	"github.com/taproce/taproce/internal/ibvlib"
 	"github.com/taproce/taproce/internal/netnsutil"
 	"github.com/taproce/taproce/internal/testnet"
 	"github.com/taproce/taproce/verbs"
@@ -351,15 +352,18 @@ func startEntrypoint(t *testing.T, nd *node, bins string) *entrypoint {
 			t.Fatal(err)
 		}
 	}
-	// The image's libibverbs.so.1, which the entrypoint puts on the node
-	// for pods: any bytes do, the copy is what is checked.
-	lib, libDir := filepath.Join(nd.dir, "image/usr/lib/taproce/libibverbs.so.1"), filepath.Join(nd.dir, "host/opt/taproce/lib")
-	libData := fmt.Sprintf("\x7fELF taproce's libibverbs for node %d", nd.n)
-	if err := os.MkdirAll(filepath.Dir(lib), 0o755); err != nil {
+	// The image's libraries, libibverbs.so.1 and librdmacm.so.1, which
+	// the entrypoint puts on the node for pods: any bytes do, the copies
+	// are what is checked.
+	libSrc, libDir := filepath.Join(nd.dir, "image/usr/lib/taproce"), filepath.Join(nd.dir, "host/opt/taproce/lib")
+	libData := func(name string) string { return fmt.Sprintf("\x7fELF taproce's %s for node %d", name, nd.n) }
+	if err := os.MkdirAll(libSrc, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(lib, []byte(libData), 0o644); err != nil {
-		t.Fatal(err)
+	for _, name := range ibvlib.Names {
+		if err := os.WriteFile(filepath.Join(libSrc, name), []byte(libData(name)), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	primary := filepath.Join(confDir, "10-bridge.conflist")
 	original := fmt.Sprintf(`{
@@ -388,7 +392,7 @@ func startEntrypoint(t *testing.T, nd *node, bins string) *entrypoint {
 	i := slices.Index(args, "--")
 	args = slices.Insert(args, max(i, 0), "-config="+filepath.Join(nd.dir, "taproce.toml"), "-resync=500ms",
 		"-taproce="+filepath.Join(bins, "taproce"), "-plugin="+filepath.Join(bins, "taproce-cni"),
-		"-cni-bin-dir="+binDir, "-cni-conf-dir="+confDir, "-lib="+lib, "-lib-dir="+libDir)
+		"-cni-bin-dir="+binDir, "-cni-conf-dir="+confDir, "-lib="+libSrc, "-lib-dir="+libDir)
 	ep := &entrypoint{out: &syncBuffer{}, done: make(chan struct{})}
 	ep.cmd = exec.Command("setpriv", append([]string{"--bounding-set=-all," + daemonSetCaps, "--inh-caps=-all", "--",
 		filepath.Join(bins, "entrypoint")}, args...)...)
@@ -432,8 +436,10 @@ func startEntrypoint(t *testing.T, nd *node, bins string) *entrypoint {
 			t.Fatalf("taproce-cni not chained within 20 s:\n%s", ep.out)
 		}
 	}
-	if data, err := os.ReadFile(filepath.Join(libDir, "libibverbs.so.1")); err != nil || string(data) != libData {
-		t.Fatalf("the library on the node: %q, %v; want the image's", data, err)
+	for _, name := range ibvlib.Names {
+		if data, err := os.ReadFile(filepath.Join(libDir, name)); err != nil || string(data) != libData(name) {
+			t.Fatalf("%s on the node: %q, %v; want the image's", name, data, err)
+		}
 	}
 	// What a runtime does: take the first configuration of the directory.
 	files, err := libcni.ConfFiles(confDir, []string{".conf", ".conflist", ".json"})

@@ -1,6 +1,9 @@
 // Package ibvlib finds taproce's libibverbs.so.1 (verbs/libibverbs), the
 // library that runs unmodified ibverbs programs on taproce when the
-// dynamic loader takes it instead of rdma-core's (LD_LIBRARY_PATH).
+// dynamic loader takes it instead of rdma-core's (LD_LIBRARY_PATH), and
+// with it the directory where taproce's librdmacm.so.1
+// (verbs/librdmacm), for programs that connect with the RDMA CM, goes
+// beside it.
 //
 // The places looked in, in order, are those `taproce exec` uses, so that
 // the lab runs programs on the library a user's programs get:
@@ -27,11 +30,25 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
 // Name is the library's file name: the soname programs are linked to.
 const Name = "libibverbs.so.1"
+
+// RDMACMName is the file name of taproce's librdmacm.so.1, which goes in
+// the same directory as Name.
+const RDMACMName = "librdmacm.so.1"
+
+// Names are the file names of taproce's libraries, each its soname, in
+// the order they are built and installed: what a directory of them
+// holds (the image's /usr/lib/taproce, the node's /opt/taproce/lib).
+var Names = []string{Name, RDMACMName}
+
+// rdmacmHeader is the header of Debian's librdmacm-dev that
+// librdmacm.so.1 is built against.
+const rdmacmHeader = "/usr/include/rdma/rdma_cma.h"
 
 // EnvDir names the environment variable that gives the library's
 // directory.
@@ -116,10 +133,15 @@ func Find(dir, exe string) (Found, error) {
 	return Found{}, fmt.Errorf("ibvlib: %w in %s", ErrNotFound, strings.Join(looked, ", "))
 }
 
-// Check verifies that path is taproce's libibverbs.so.1: an ELF shared
-// object with that soname that reads TAPROCE_SOCKET. rdma-core's library
-// has the soname but never names taproce's socket.
+// Check verifies that path is one of taproce's libraries (Names): an ELF
+// shared object whose soname is the file's name, one of Names, that reads
+// TAPROCE_SOCKET. rdma-core's libraries have the sonames but never name
+// taproce's socket.
 func Check(path string) error {
+	name := filepath.Base(path)
+	if !slices.Contains(Names, name) {
+		return fmt.Errorf("%s is none of taproce's libraries (%s)", name, strings.Join(Names, ", "))
+	}
 	f, err := elf.Open(path)
 	if err != nil {
 		return fmt.Errorf("not a shared library: %w", err)
@@ -129,8 +151,8 @@ func Check(path string) error {
 		return fmt.Errorf("ELF type %v, not a shared library", f.Type)
 	}
 	sonames, err := f.DynString(elf.DT_SONAME)
-	if err != nil || len(sonames) != 1 || sonames[0] != Name {
-		return fmt.Errorf("soname %q, want %s", sonames, Name)
+	if err != nil || len(sonames) != 1 || sonames[0] != name {
+		return fmt.Errorf("soname %q, want %s", sonames, name)
 	}
 	ro := f.Section(".rodata")
 	if ro == nil {
@@ -198,7 +220,7 @@ func Build(ctx context.Context, checkout string, log io.Writer) (Found, error) {
 	}
 	src := filepath.Join(checkout, "verbs", "libibverbs")
 	dirs := []string{src}
-	if _, err := os.Stat("/usr/include/rdma/rdma_cma.h"); err == nil {
+	if RDMACMToolchain() == nil {
 		// librdmacm.so.1 goes beside it, where librdmacm-dev's headers
 		// are to build it against.
 		dirs = append(dirs, filepath.Join(checkout, "verbs", "librdmacm"))
@@ -233,6 +255,19 @@ func Toolchain() error {
 	}
 	if _, err := os.Stat("/usr/include/infiniband/verbs.h"); err != nil {
 		return fmt.Errorf("ibvlib: %w: %w", ErrNoToolchain, err)
+	}
+	return nil
+}
+
+// RDMACMToolchain returns an error wrapping ErrNoToolchain when this
+// machine lacks what building librdmacm.so.1 takes: what Toolchain
+// checks and Debian's librdmacm-dev headers.
+func RDMACMToolchain() error {
+	if err := Toolchain(); err != nil {
+		return err
+	}
+	if _, err := os.Stat(rdmacmHeader); err != nil {
+		return fmt.Errorf("ibvlib: %w: librdmacm-dev: %w", ErrNoToolchain, err)
 	}
 	return nil
 }

@@ -155,4 +155,51 @@ func TestBuild(t *testing.T) {
 	if err := Check(lib.Path()); err != nil {
 		t.Error(err)
 	}
+	if RDMACMToolchain() != nil {
+		return
+	}
+	if err := Check(filepath.Join(lib.Dir, RDMACMName)); err != nil {
+		t.Errorf("librdmacm.so.1 beside it: %v", err)
+	}
+}
+
+// TestCheckNames: Check takes each of taproce's libraries under its own
+// name only — one under the other's name has the wrong soname, and a
+// name that is none of Names is refused before the file is read — and
+// refuses rdma-core's of each name.
+func TestCheckNames(t *testing.T) {
+	lib := library(t)
+	if err := RDMACMToolchain(); err != nil {
+		t.Skip(err)
+	}
+	dir := t.TempDir()
+	for _, c := range []struct{ from, as, want string }{
+		{Name, Name, ""},
+		{RDMACMName, RDMACMName, ""},
+		{Name, RDMACMName, `soname ["libibverbs.so.1"], want librdmacm.so.1`},
+		{RDMACMName, Name, `soname ["librdmacm.so.1"], want libibverbs.so.1`},
+		{Name, "libibverbs.so", "none of taproce's libraries"},
+	} {
+		data, err := os.ReadFile(filepath.Join(lib.Dir, c.from))
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, c.as)
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		err = Check(path)
+		if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("%s as %s: %v, want %q", c.from, c.as, err, c.want)
+		}
+	}
+	for _, name := range Names {
+		sys := filepath.Join("/usr/lib/x86_64-linux-gnu", name)
+		if _, err := os.Stat(sys); err != nil {
+			continue
+		}
+		if err := Check(sys); err == nil || !strings.Contains(err.Error(), "not taproce's library") {
+			t.Errorf("rdma-core's %s: %v", sys, err)
+		}
+	}
 }

@@ -1,6 +1,6 @@
 // Package runon runs an unmodified program on taproce (`taproce exec`):
-// it finds taproce's libibverbs.so.1 and puts it first on the program's
-// library path, points the program at the appliance's socket, gives it a
+// it finds taproce's libibverbs.so.1 and puts its directory, where
+// taproce's librdmacm.so.1 goes too, first on the program's library path, points the program at the appliance's socket, gives it a
 // /sys/class/infiniband and a /dev/infiniband describing the appliance's
 // devices as the kernel describes rxe's (programs such as UCX read them
 // themselves), and then becomes the program (execve), so that its
@@ -9,6 +9,7 @@ package runon
 
 import (
 	"context"
+	"debug/elf"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -29,7 +31,31 @@ type NoLibError struct{ Err error }
 
 func (e *NoLibError) Error() string {
 	return fmt.Sprintf("%v\nBuild and install it with `make -C verbs/libibverbs install` (into /usr/local/lib/taproce),\n"+
+		"and `make -C verbs/librdmacm install` beside it for programs that connect with the RDMA CM,\n"+
 		"or name its directory with --lib DIR or $%s.", e.Err, ibvlib.EnvDir)
+}
+
+// MissingLibs returns those of taproce's libraries (ibvlib.Names) that
+// program, an ELF executable, is linked to and dir lacks: the loader
+// gives the program rdma-core's in their place, which finds no device
+// without kernel RDMA. A program that is not ELF (a script) lacks none.
+func MissingLibs(program, dir string) []string {
+	f, err := elf.Open(program)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	needed, _ := f.ImportedLibraries()
+	var out []string
+	for _, name := range ibvlib.Names {
+		if !slices.Contains(needed, name) {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			out = append(out, name)
+		}
+	}
+	return out
 }
 
 func (e *NoLibError) Unwrap() error { return e.Err }
@@ -109,6 +135,11 @@ func Exec(ctx context.Context, o Options) error {
 	tree, stage2 := os.LookupEnv(treeEnv)
 	if err := os.Unsetenv(treeEnv); err != nil {
 		return err
+	}
+	if missing := MissingLibs(path, lib); len(missing) > 0 && !stage2 {
+		fmt.Fprintf(o.Warn, "taproce exec: %s is linked to %s, which %s lacks: it will load rdma-core's, which finds no device here"+
+			" (taproce's librdmacm.so.1 goes beside libibverbs.so.1: `make -C verbs/librdmacm install`)\n",
+			o.Program, strings.Join(missing, " and "), lib)
 	}
 	env := Env(os.Environ(), lib, o.Socket)
 	argv := append([]string{o.Program}, o.Args...)
