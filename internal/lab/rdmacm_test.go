@@ -143,4 +143,3 @@ func (l *Lab) pairCM(ctx context.Context, env []string, a, b *Host, server, clie
 	srv.Out, cli.Out = s.output(), c.output()
 	return srv, cli, nil
 }
-
