@@ -433,21 +433,48 @@ func cmFail(op abi.Op, e syscall.Errno) any {
 	return &abi.ErrnoReply{Errno: abi.Errno(e)}
 }
 
-// cmBind binds x to src (rdma_bind_addr): an unspecified address binds
-// no device yet; a port of 0 is chosen when the ID listens or connects.
+// cmBind binds x to src (rdma_bind_addr): an unspecified or loopback
+// address binds no device yet (the kernel's cma_any_addr counts both as
+// any address: libfabric's verbs provider binds to localhost to learn
+// that); a port of 0 gets an ephemeral one now, as the kernel's
+// cma_get_port gives it, so that rdma_get_src_port tells it before the
+// ID listens (qperf's server sends it to its client that way).
 func (ss *session) cmBind(x *cmID, src netip.AddrPort) error {
 	if x.state != cmIdle || !src.IsValid() {
 		return errno(syscall.EINVAL, "bind in state %d", x.state)
 	}
-	if !src.Addr().IsUnspecified() {
+	if !anyAddr(src.Addr()) {
 		d := ss.cmDeviceOf(src.Addr())
 		if d == nil {
 			return errno(syscall.EADDRNOTAVAIL, "%v: %v", src.Addr(), errCMNoDevice)
 		}
 		x.dev = d
 	}
+	if src.Port() == 0 {
+		src = netip.AddrPortFrom(src.Addr(), ss.srv.ephemeralPort())
+	}
 	x.src, x.state = src, cmBound
 	return nil
+}
+
+// anyAddr reports whether a names no address of a device, as the kernel's
+// cma_any_addr: the unspecified address and the loopback ones.
+func anyAddr(a netip.Addr) bool {
+	a = a.Unmap()
+	return a.IsUnspecified() || a.IsLoopback()
+}
+
+// listenAddr is the address a listener bound to a takes requests for: any
+// address of a's family for a loopback one, as the kernel's
+// cma_match_private_data matches a listener bound to one of cma_any_addr's.
+func listenAddr(a netip.Addr) netip.Addr {
+	switch a = a.Unmap(); {
+	case !a.IsLoopback():
+		return a
+	case a.Is4():
+		return netip.IPv4Unspecified()
+	}
+	return netip.IPv6Unspecified()
 }
 
 // cmResolveAddr resolves dst (rdma_resolve_addr): the device and source
@@ -461,7 +488,7 @@ func (ss *session) cmResolveAddr(x *cmID, src, dst netip.AddrPort, timeout time.
 		src = x.src
 	}
 	dev := x.dev
-	if src.IsValid() && !src.Addr().IsUnspecified() && dev == nil {
+	if src.IsValid() && !anyAddr(src.Addr()) && dev == nil {
 		if dev = ss.cmDeviceOf(src.Addr()); dev == nil {
 			return errno(syscall.EADDRNOTAVAIL, "%v: %v", src.Addr(), errCMNoDevice)
 		}
@@ -565,7 +592,7 @@ func (ss *session) cmListen(x *cmID, backlog int) error {
 	}
 	x.listeners = map[*Device]cm.ID{}
 	for _, d := range devs {
-		lid, err := d.CM.Listen(ss.cm.owner, cm.ListenParams{Addr: x.src.Addr(), Port: x.src.Port(), PortSpace: x.ps, QPType: x.qpType, Backlog: backlog})
+		lid, err := d.CM.Listen(ss.cm.owner, cm.ListenParams{Addr: listenAddr(x.src.Addr()), Port: x.src.Port(), PortSpace: x.ps, QPType: x.qpType, Backlog: backlog})
 		if err != nil {
 			ss.cmUnlisten(x)
 			return cmErr(err)

@@ -349,3 +349,48 @@ func addrOf(s abi.SockAddr) (netip.AddrPort, bool) {
 	}
 	return netip.AddrPort{}, false
 }
+
+// TestCMBind: rdma_bind_addr with port 0 gets its ephemeral port at once,
+// as the kernel's does (qperf's server tells its client the port between
+// bind and listen); a bind to a loopback address binds no device, as the
+// kernel's cma_any_addr has it, and its listener takes requests for any
+// address of the family (libfabric's verbs provider binds to localhost).
+func TestCMBind(t *testing.T) {
+	rig := appliancetest.New(t, appliancetest.Options{Namespace: "cm"})
+	a, b := rig.Addrs[0], rig.Addrs[1]
+	srv, cli := dialCM(t, rig.Socket), dialCM(t, rig.Socket)
+	srv.channel()
+
+	lid := srv.create(0, abi.CMPortSpaceTCP, abi.RC)
+	if e := srv.errnoOf(abi.OpCMBind, &abi.CMAddrRequest{ID: lid, Src: sa(netip.MustParseAddr("127.0.0.1"), 0)}); e != 0 {
+		t.Fatalf("bind to 127.0.0.1: %v", e)
+	}
+	var q abi.CMQueryReply
+	srv.call(abi.OpCMQuery, &abi.CMIDRequest{ID: lid}, &q)
+	src, ok := addrOf(q.Src)
+	if q.Errno != 0 || !ok || src.Addr() != netip.MustParseAddr("127.0.0.1") || src.Port() == 0 || q.Device.String() != "" {
+		t.Fatalf("bound to 127.0.0.1:0: %+v (source %v), want a port and no device", q, src)
+	}
+	if e := srv.errnoOf(abi.OpCMListen, &abi.CMIDRequest{ID: lid}); e != 0 {
+		t.Fatalf("listen: %v", e)
+	}
+
+	cid := cli.create(0, abi.CMPortSpaceTCP, abi.RC)
+	cli.errnoOf(abi.OpCMResolveAddr, &abi.CMAddrRequest{ID: cid, Src: sa(a, 0), Dst: sa(b, src.Port())})
+	cli.event(abi.CMEventAddrResolved, cid)
+	cli.errnoOf(abi.OpCMResolveRoute, &abi.CMIDRequest{ID: cid})
+	cli.event(abi.CMEventRouteResolved, cid)
+	if e := cli.errnoOf(abi.OpCMConnect, &abi.CMConnectRequest{ID: cid}); e != 0 {
+		t.Fatalf("connect: %v", e)
+	}
+	if req := srv.event(abi.CMEventConnectRequest, 0); req.Listener != lid {
+		t.Errorf("connect request for listener %d, want %d", req.Listener, lid)
+	}
+
+	any := srv.create(0, abi.CMPortSpaceTCP, abi.RC)
+	srv.errnoOf(abi.OpCMBind, &abi.CMAddrRequest{ID: any, Src: sa(netip.IPv4Unspecified(), 0)})
+	srv.call(abi.OpCMQuery, &abi.CMIDRequest{ID: any}, &q)
+	if p, _ := addrOf(q.Src); p.Port() == 0 || p.Port() == src.Port() {
+		t.Errorf("bound to 0.0.0.0:0: port %d (the first bind's %d)", p.Port(), src.Port())
+	}
+}
