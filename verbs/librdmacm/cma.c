@@ -849,9 +849,7 @@ TP_EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_
 		uint8_t buf[sizeof(struct taproce_header) + sizeof(struct taproce_cm_event)];
 		ssize_t n;
 		atomic_fetch_add(&c->readers, 1);
-		do
-			n = recv(c->ch.fd, buf, sizeof(buf), 0);
-		while (n < 0 && errno == EINTR);
+		n = recv(c->ch.fd, buf, sizeof(buf), 0);
 		if (n <= 0 && atomic_load(&c->closing)) {
 			/* The channel was destroyed under this read. ucma's read
 			 * then blocks until the process ends; so does this one,
@@ -861,7 +859,7 @@ TP_EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_
 		}
 		atomic_fetch_sub(&c->readers, 1);
 		if (n < 0)
-			return -1; /* EAGAIN on a non-blocking channel */
+			return -1; /* EAGAIN on a non-blocking channel, EINTR on a signal, as librdmacm */
 		if (n == 0) {
 			errno = ENODEV; /* the appliance is gone */
 			return -1;

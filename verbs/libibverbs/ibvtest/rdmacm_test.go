@@ -216,6 +216,21 @@ func TestRDMACMMigrate(t *testing.T) {
 	}
 }
 
+// TestInterrupted: a signal interrupts a program's waits for events —
+// ibv_get_cq_event, ibv_get_async_event, rdma_get_cm_event — which fail
+// with EINTR, as rdma-core's do (testdata/interrupt.c): qperf ends its
+// event-driven tests on its SIGALRM timer so, and its server waited for
+// ever for a completion that would not come while the library read again.
+func TestInterrupted(t *testing.T) {
+	l := Need(t, false)
+	bin := userProgram(t, "interrupt", "-lrdmacm")
+	r := appliancetest.New(t, appliancetest.Options{Namespace: "ibv"})
+	out, err := Run(t, l.Env(r.Socket), timeout, bin)
+	if err != nil || strings.TrimSpace(out) != "ok" {
+		t.Fatalf("interrupt: %v\n%s", err, out)
+	}
+}
+
 // TestRDMACMPeerKilled: a client killed in the middle of rping's
 // ping-pongs leaves its server a DISCONNECTED event — the appliance ends
 // the dead process's connections with a DREQ, as the kernel ends those of
