@@ -78,6 +78,38 @@ func openBare(cfg appliance.PortConfig) (Port, error) {
 	return barePort{p}, nil
 }
 
+// DevicePort is an attached port that is a verbs device of an appliance,
+// what the appliance daemon and the lab's redirect mode make of their
+// attachments (Options.Open).
+type DevicePort struct {
+	app *appliance.Appliance
+	nic *appliance.NIC
+}
+
+// OpenDevice opens the port cfg describes as a device of app
+// (Appliance.AddPort): an Options.Open that serves attached ports with
+// verbs.
+func OpenDevice(app *appliance.Appliance, cfg appliance.PortConfig) (*DevicePort, error) {
+	n, err := app.AddPort(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &DevicePort{app: app, nic: n}, nil
+}
+
+// NIC returns the device: the port with its transport.
+func (p *DevicePort) NIC() *appliance.NIC { return p.nic }
+
+// Port implements Port.
+func (p *DevicePort) Port() *appliance.Port { return p.nic.Port() }
+
+// Device implements Port: the device's name.
+func (p *DevicePort) Device() string { return p.nic.Name() }
+
+// Close implements Port: it withdraws the device (its clients get a fatal
+// event) and closes the port.
+func (p *DevicePort) Close() error { return p.app.RemovePort(p.nic.Name()) }
+
 // entry is one attachment and what it holds.
 type entry struct {
 	att  admin.Attachment

@@ -555,6 +555,25 @@ func (m *Manager) CloseOwner(owner Owner) int {
 	return n
 }
 
+// SetOwner gives the ID id — a connection or a listener — to owner: its
+// events from now on are owner's, and so are the connection requests a
+// listener hands up from now on (rdma_migrate_id). It fails with ErrNoID
+// for an ID the manager does not have.
+func (m *Manager) SetOwner(id ID, owner Owner) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if l := m.listeners[id]; l != nil {
+		l.owner = owner
+		return nil
+	}
+	c, err := m.conn(id)
+	if err != nil {
+		return err
+	}
+	c.owner = owner
+	return nil
+}
+
 // CommEstablished tells the manager that the QP numbered qpn received its
 // first packet (IBA 12.9.6's communication established event): a passive
 // connection still waiting for its RTU takes it as one, as Linux's

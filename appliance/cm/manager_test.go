@@ -1199,3 +1199,47 @@ func TestTimerWake(t *testing.T) {
 		t.Fatal("no deadline after the REQ")
 	}
 }
+
+// TestSetOwner: a listener given to another owner hands its next requests
+// to that owner, and a connection given to another owner has its events
+// and CloseOwner there (rdma_migrate_id); an ID the manager does not have
+// is ErrNoID.
+func TestSetOwner(t *testing.T) {
+	w, a, b, lid := pair(t, 21)
+	const ownB2, ownA2 = cm.Owner(3), cm.Owner(4)
+	if err := b.m.SetOwner(lid, ownB2); err != nil {
+		t.Fatal(err)
+	}
+	aid, bid := connect(t, w, a, b, 0x21)
+	for _, e := range b.events {
+		if e.Type == cm.EventConnectRequest && e.Owner != ownB2 {
+			t.Errorf("connect request for owner %d, want %d", e.Owner, ownB2)
+		}
+	}
+	if i, err := b.m.Info(bid); err != nil || i.Owner != ownB2 {
+		t.Errorf("B's connection: owner %d (%v), want %d", i.Owner, err, ownB2)
+	}
+	if err := a.m.SetOwner(aid, ownA2); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.m.Disconnect(bid, nil); err != nil {
+		t.Fatal(err)
+	}
+	w.deliver()
+	ds := a.eventsOf(cm.EventDisconnected)
+	if len(ds) != 1 || ds[0].ID != aid || ds[0].Owner != ownA2 {
+		t.Errorf("A's DISCONNECTED events %+v, want one for ID %d of owner %d", ds, aid, ownA2)
+	}
+	if n := a.m.CloseOwner(ownA); n != 0 {
+		t.Errorf("the old owner still had %d IDs", n)
+	}
+	if n := a.m.CloseOwner(ownA2); n != 1 {
+		t.Errorf("the new owner had %d IDs, want 1", n)
+	}
+	if err := a.m.SetOwner(aid, ownA); !errors.Is(err, cm.ErrNoID) {
+		t.Errorf("SetOwner of a destroyed ID: %v, want ErrNoID", err)
+	}
+	b.m.CloseOwner(ownB2)
+	w.run(time.Minute, nil)
+	w.empty()
+}

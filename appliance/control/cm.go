@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -54,7 +55,11 @@ type cmID struct {
 	listeners map[*Device]cm.ID
 	backlog   int
 	psn       roce.PSN // the local QP's starting PSN, chosen here as cma does
-	events    uint32   // events sent for it
+	events    uint32   // events sent for it, on every channel it belonged to
+	// home is the session the ID belongs to, which rdma_migrate_id
+	// changes (cmMigrate); read without its cmMu by what must then lock
+	// it.
+	home atomic.Pointer[session]
 }
 
 // cmKey finds a session's ID by the manager's.
@@ -117,15 +122,25 @@ func (ss *session) cmSender(q chan cmItem) {
 		case it := <-q:
 			ss.cmMu.Lock()
 			ev := it.ev
+			var to *session // where an event for an ID moved meanwhile goes
 			switch {
 			case ev == nil:
-				ev = ss.cmTranslate(it.dev, it.mgr)
+				if ev = ss.cmTranslate(it.dev, it.mgr); ev == nil {
+					to = ss.cmMovedOwner(it.dev, it.mgr.ID)
+				}
+			case it.x.home.Load() != ss:
+				to, ev = it.x.home.Load(), nil
 			case ss.cm.ids[it.x.id] == it.x:
 				it.x.events++
+				ev.ID = it.x.id
 			default:
 				ev = nil // destroyed meanwhile: ucma frees its events too
 			}
 			ss.cmMu.Unlock()
+			if to != nil {
+				to.cmForward(it)
+				continue
+			}
 			if ev == nil {
 				continue
 			}
@@ -227,6 +242,34 @@ func (ss *session) cmTranslate(d *Device, ev cm.Event) *abi.CMEvent {
 	return out
 }
 
+// cmMovedOwner returns the session that owns the manager's ID id of d now,
+// when it is not ss: the ID moved to another session's channel
+// (cmMigrate) after its event was queued here. ss.cmMu is held.
+func (ss *session) cmMovedOwner(d *Device, id cm.ID) *session {
+	if d == nil || d.CM == nil {
+		return nil
+	}
+	info, err := d.CM.Info(id)
+	if err != nil || info.Owner == ss.cm.owner {
+		return nil
+	}
+	if v, ok := ss.srv.owners.Load(info.Owner); ok {
+		return v.(*session)
+	}
+	return nil
+}
+
+// cmForward queues an item of another session's queue, for an ID that
+// moved to ss: as ucma moves an ID's queued events with it.
+func (ss *session) cmForward(it cmItem) {
+	select {
+	case ss.cmQ <- it:
+	default:
+		ss.log.Warn("client left its CM events unread; disconnected", "events", maxCMEvents)
+		ss.conn.Close()
+	}
+}
+
 // cmQueue queues an event the session made for x; ss.cmMu is held.
 func (ss *session) cmQueue(x *cmID, ev *abi.CMEvent) {
 	select {
@@ -301,6 +344,7 @@ func addrPort(s abi.SockAddr) (netip.AddrPort, bool) {
 func (ss *session) cmNewID(ctx uint64, ps cm.PortSpace, qt cm.QPType) *cmID {
 	ss.cm.next++
 	x := &cmID{id: ss.cm.next, ctx: ctx, ps: ps, qpType: qt, psn: randomPSN()}
+	x.home.Store(ss)
 	ss.cm.ids[x.id] = x
 	return x
 }
@@ -442,21 +486,48 @@ func cmFail(op abi.Op, e syscall.Errno) any {
 	return &abi.ErrnoReply{Errno: abi.Errno(e)}
 }
 
-// cmBind binds x to src (rdma_bind_addr): an unspecified address binds
-// no device yet; a port of 0 is chosen when the ID listens or connects.
+// cmBind binds x to src (rdma_bind_addr): an unspecified or loopback
+// address binds no device yet (the kernel's cma_any_addr counts both as
+// any address: libfabric's verbs provider binds to localhost to learn
+// that); a port of 0 gets an ephemeral one now, as the kernel's
+// cma_get_port gives it, so that rdma_get_src_port tells it before the
+// ID listens (qperf's server sends it to its client that way).
 func (ss *session) cmBind(x *cmID, src netip.AddrPort) error {
 	if x.state != cmIdle || !src.IsValid() {
 		return errno(syscall.EINVAL, "bind in state %d", x.state)
 	}
-	if !src.Addr().IsUnspecified() {
+	if !anyAddr(src.Addr()) {
 		d := ss.cmDeviceOf(src.Addr())
 		if d == nil {
 			return errno(syscall.EADDRNOTAVAIL, "%v: %v", src.Addr(), errCMNoDevice)
 		}
 		x.dev = d
 	}
+	if src.Port() == 0 {
+		src = netip.AddrPortFrom(src.Addr(), ss.srv.ephemeralPort())
+	}
 	x.src, x.state = src, cmBound
 	return nil
+}
+
+// anyAddr reports whether a names no address of a device, as the kernel's
+// cma_any_addr: the unspecified address and the loopback ones.
+func anyAddr(a netip.Addr) bool {
+	a = a.Unmap()
+	return a.IsUnspecified() || a.IsLoopback()
+}
+
+// listenAddr is the address a listener bound to a takes requests for: any
+// address of a's family for a loopback one, as the kernel's
+// cma_match_private_data matches a listener bound to one of cma_any_addr's.
+func listenAddr(a netip.Addr) netip.Addr {
+	switch a = a.Unmap(); {
+	case !a.IsLoopback():
+		return a
+	case a.Is4():
+		return netip.IPv4Unspecified()
+	}
+	return netip.IPv6Unspecified()
 }
 
 // cmResolveAddr resolves dst (rdma_resolve_addr): the device and source
@@ -470,7 +541,7 @@ func (ss *session) cmResolveAddr(x *cmID, src, dst netip.AddrPort, timeout time.
 		src = x.src
 	}
 	dev := x.dev
-	if src.IsValid() && !src.Addr().IsUnspecified() && dev == nil {
+	if src.IsValid() && !anyAddr(src.Addr()) && dev == nil {
 		if dev = ss.cmDeviceOf(src.Addr()); dev == nil {
 			return errno(syscall.EADDRNOTAVAIL, "%v: %v", src.Addr(), errCMNoDevice)
 		}
@@ -501,7 +572,7 @@ func (ss *session) cmResolveAddr(x *cmID, src, dst netip.AddrPort, timeout time.
 	go func() {
 		defer cancel()
 		_, err := dev.Resolve(ctx, x.dst.Addr())
-		ss.cmMu.Lock()
+		ss := x.lockHome()
 		defer ss.cmMu.Unlock()
 		if ss.cm.ids[x.id] != x || x.state != cmAddrQuery {
 			return
@@ -519,6 +590,19 @@ func (ss *session) cmResolveAddr(x *cmID, src, dst netip.AddrPort, timeout time.
 		ss.cmQueue(x, &ev)
 	}()
 	return nil
+}
+
+// lockHome locks the cmMu of the session x belongs to, which a migration
+// may change until it is held, and returns that session.
+func (x *cmID) lockHome() *session {
+	for {
+		ss := x.home.Load()
+		ss.cmMu.Lock()
+		if x.home.Load() == ss {
+			return ss
+		}
+		ss.cmMu.Unlock()
+	}
 }
 
 // cmIDOp serves the ops that name an ID and one argument.
@@ -574,7 +658,7 @@ func (ss *session) cmListen(x *cmID, backlog int) error {
 	}
 	x.listeners = map[*Device]cm.ID{}
 	for _, d := range devs {
-		lid, err := d.CM.Listen(ss.cm.owner, cm.ListenParams{Addr: x.src.Addr(), Port: x.src.Port(), PortSpace: x.ps, QPType: x.qpType, Backlog: backlog})
+		lid, err := d.CM.Listen(ss.cm.owner, cm.ListenParams{Addr: listenAddr(x.src.Addr()), Port: x.src.Port(), PortSpace: x.ps, QPType: x.qpType, Backlog: backlog})
 		if err != nil {
 			ss.cmUnlisten(x)
 			return cmErr(err)
@@ -769,4 +853,63 @@ func (ss *session) cmTeardown() {
 	}
 	clear(ss.cm.ids)
 	clear(ss.cm.byCM)
+}
+
+// cmMigrate moves the ID id of the event channel whose event socket the
+// client sent (fd, the client's end) to ss (rdma_migrate_id, ucma's
+// MIGRATE_ID): its handle changes to one of ss, its connection and
+// listeners, their events and its queued events go with it, and the
+// reply says how many events the old channel reported for it. The old
+// channel must be one of this client's: a session of the same user and
+// network namespace.
+func (ss *session) cmMigrate(fd int, id uint32) *abi.CMMigrateReply {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		return &abi.CMMigrateReply{Errno: abi.Errno(syscall.EBADF)}
+	}
+	from := ss.srv.sessionByEventSocket(st.Ino)
+	if from == nil || from.uid != ss.uid || from.netns != ss.netns {
+		return &abi.CMMigrateReply{Errno: abi.Errno(syscall.EINVAL)}
+	}
+	if from == ss {
+		ss.cmMu.Lock()
+		defer ss.cmMu.Unlock()
+		x := ss.cm.ids[id]
+		if x == nil {
+			return &abi.CMMigrateReply{Errno: abi.Errno(syscall.EINVAL)}
+		}
+		return &abi.CMMigrateReply{ID: x.id, EventsReported: x.events}
+	}
+	ss.srv.migrateMu.Lock()
+	defer ss.srv.migrateMu.Unlock()
+	from.cmMu.Lock()
+	defer from.cmMu.Unlock()
+	ss.cmMu.Lock()
+	defer ss.cmMu.Unlock()
+	x := from.cm.ids[id]
+	if x == nil {
+		return &abi.CMMigrateReply{Errno: abi.Errno(syscall.EINVAL)}
+	}
+	ss.cmInit()
+	if len(ss.cm.ids) >= maxCMIDs {
+		return &abi.CMMigrateReply{Errno: abi.Errno(syscall.ENOMEM)}
+	}
+	move := func(d *Device, cid cm.ID) {
+		k := cmKey{d, cid}
+		delete(from.cm.byCM, k)
+		ss.cm.byCM[k] = x
+		_ = d.CM.SetOwner(cid, ss.cm.owner)
+	}
+	if x.state == cmConn && x.dev != nil {
+		move(x.dev, x.conn)
+	}
+	for d, lid := range x.listeners {
+		move(d, lid)
+	}
+	delete(from.cm.ids, x.id)
+	ss.cm.next++
+	x.id = ss.cm.next
+	ss.cm.ids[x.id] = x
+	x.home.Store(ss)
+	return &abi.CMMigrateReply{ID: x.id, EventsReported: x.events}
 }

@@ -349,3 +349,187 @@ func addrOf(s abi.SockAddr) (netip.AddrPort, bool) {
 	}
 	return netip.AddrPort{}, false
 }
+
+// callFds is call with descriptors sent along.
+func (c *cmClient) callFds(op abi.Op, req, rep any, fds ...int) {
+	c.t.Helper()
+	c.seq++
+	msg, err := abi.Encode(nil, abi.Header{Op: op, Seq: c.seq}, req)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if err := shmem.SendMsg(c.c, msg, fds...); err != nil {
+		c.t.Fatal(err)
+	}
+	for {
+		h, body, err := c.read(10*time.Second, false)
+		if err != nil {
+			c.t.Fatalf("%v: %v", op, err)
+		}
+		if h.Flags&abi.FlagReply != 0 {
+			if err := abi.DecodeBody(body, rep); err != nil {
+				c.t.Fatalf("%v reply: %v", op, err)
+			}
+			return
+		}
+	}
+}
+
+// evFd returns a descriptor of the client's end of its event socket, as
+// librdmacm has it as the channel's fd.
+func (c *cmClient) evFd() int {
+	c.t.Helper()
+	f, err := c.ev.File()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { f.Close() })
+	return int(f.Fd())
+}
+
+// migrate moves ID id of channel from to c (rdma_migrate_id).
+func (c *cmClient) migrate(from *cmClient, id uint32) abi.CMMigrateReply {
+	c.t.Helper()
+	var rep abi.CMMigrateReply
+	c.callFds(abi.OpCMMigrateID, &abi.CMIDRequest{ID: id}, &rep, from.evFd())
+	if rep.Errno != 0 {
+		c.t.Fatalf("migrate ID %d: %v", id, syscall.Errno(rep.Errno))
+	}
+	return rep
+}
+
+// TestCMBind: rdma_bind_addr with port 0 gets its ephemeral port at once,
+// as the kernel's does (qperf's server tells its client the port between
+// bind and listen); a bind to a loopback address binds no device, as the
+// kernel's cma_any_addr has it, and its listener takes requests for any
+// address of the family (libfabric's verbs provider binds to localhost).
+func TestCMBind(t *testing.T) {
+	rig := appliancetest.New(t, appliancetest.Options{Namespace: "cm"})
+	a, b := rig.Addrs[0], rig.Addrs[1]
+	srv, cli := dialCM(t, rig.Socket), dialCM(t, rig.Socket)
+	srv.channel()
+
+	lid := srv.create(0, abi.CMPortSpaceTCP, abi.RC)
+	if e := srv.errnoOf(abi.OpCMBind, &abi.CMAddrRequest{ID: lid, Src: sa(netip.MustParseAddr("127.0.0.1"), 0)}); e != 0 {
+		t.Fatalf("bind to 127.0.0.1: %v", e)
+	}
+	var q abi.CMQueryReply
+	srv.call(abi.OpCMQuery, &abi.CMIDRequest{ID: lid}, &q)
+	src, ok := addrOf(q.Src)
+	if q.Errno != 0 || !ok || src.Addr() != netip.MustParseAddr("127.0.0.1") || src.Port() == 0 || q.Device.String() != "" {
+		t.Fatalf("bound to 127.0.0.1:0: %+v (source %v), want a port and no device", q, src)
+	}
+	if e := srv.errnoOf(abi.OpCMListen, &abi.CMIDRequest{ID: lid}); e != 0 {
+		t.Fatalf("listen: %v", e)
+	}
+
+	cid := cli.create(0, abi.CMPortSpaceTCP, abi.RC)
+	cli.errnoOf(abi.OpCMResolveAddr, &abi.CMAddrRequest{ID: cid, Src: sa(a, 0), Dst: sa(b, src.Port())})
+	cli.event(abi.CMEventAddrResolved, cid)
+	cli.errnoOf(abi.OpCMResolveRoute, &abi.CMIDRequest{ID: cid})
+	cli.event(abi.CMEventRouteResolved, cid)
+	if e := cli.errnoOf(abi.OpCMConnect, &abi.CMConnectRequest{ID: cid}); e != 0 {
+		t.Fatalf("connect: %v", e)
+	}
+	if req := srv.event(abi.CMEventConnectRequest, 0); req.Listener != lid {
+		t.Errorf("connect request for listener %d, want %d", req.Listener, lid)
+	}
+
+	any := srv.create(0, abi.CMPortSpaceTCP, abi.RC)
+	srv.errnoOf(abi.OpCMBind, &abi.CMAddrRequest{ID: any, Src: sa(netip.IPv4Unspecified(), 0)})
+	srv.call(abi.OpCMQuery, &abi.CMIDRequest{ID: any}, &q)
+	if p, _ := addrOf(q.Src); p.Port() == 0 || p.Port() == src.Port() {
+		t.Errorf("bound to 0.0.0.0:0: port %d (the first bind's %d)", p.Port(), src.Port())
+	}
+}
+
+// TestCMMigrate moves IDs between event channels (rdma_migrate_id): a
+// listener, whose connect requests then come to its new channel; an ID
+// resolved on a channel of its own (as librdmacm's synchronous IDs are,
+// and libfabric's verbs provider migrates), which connects from its new
+// channel; and a connected ID, whose DISCONNECTED comes to its new channel
+// under its new handle. A descriptor that is no event channel's, or an ID
+// the old channel does not have, is EINVAL.
+func TestCMMigrate(t *testing.T) {
+	rig := appliancetest.New(t, appliancetest.Options{Namespace: "cm"})
+	a, b := rig.Addrs[0], rig.Addrs[1]
+	srvOld, srv := dialCM(t, rig.Socket), dialCM(t, rig.Socket)
+	srvOld.channel()
+	srv.channel()
+
+	lid := srvOld.create(0x1, abi.CMPortSpaceTCP, abi.RC)
+	srvOld.errnoOf(abi.OpCMBind, &abi.CMAddrRequest{ID: lid, Src: sa(b, 7480)})
+	if e := srvOld.errnoOf(abi.OpCMListen, &abi.CMIDRequest{ID: lid}); e != 0 {
+		t.Fatalf("listen: %v", e)
+	}
+	ml := srv.migrate(srvOld, lid)
+	if ml.EventsReported != 0 {
+		t.Errorf("listener migrated with %d events reported", ml.EventsReported)
+	}
+
+	cliOld, cli := dialCM(t, rig.Socket), dialCM(t, rig.Socket)
+	cliOld.channel()
+	cli.channel()
+	cid := cliOld.create(0x2, abi.CMPortSpaceTCP, abi.RC)
+	cliOld.errnoOf(abi.OpCMResolveAddr, &abi.CMAddrRequest{ID: cid, Src: sa(a, 0), Dst: sa(b, 7480)})
+	cliOld.event(abi.CMEventAddrResolved, cid)
+	cliOld.errnoOf(abi.OpCMResolveRoute, &abi.CMIDRequest{ID: cid})
+	cliOld.event(abi.CMEventRouteResolved, cid)
+	mc := cli.migrate(cliOld, cid)
+	if mc.EventsReported != 2 {
+		t.Errorf("resolved ID migrated with %d events reported, want 2", mc.EventsReported)
+	}
+	if e := cliOld.errnoOf(abi.OpCMConnect, &abi.CMConnectRequest{ID: cid}); e != syscall.EINVAL {
+		t.Errorf("connect on the old channel: %v, want EINVAL", e)
+	}
+	cp := private("moved")
+	cp.QPN = 0x555
+	if e := cli.errnoOf(abi.OpCMConnect, &abi.CMConnectRequest{ID: mc.ID, Param: cp}); e != 0 {
+		t.Fatalf("connect on the new channel: %v", e)
+	}
+	req := srv.event(abi.CMEventConnectRequest, 0)
+	if req.Listener != ml.ID || req.Context != 0x1 || req.Param.QPN != 0x555 {
+		t.Fatalf("connect request %+v, want one for listener %d", req, ml.ID)
+	}
+	ap := private("ok")
+	ap.QPN = 0x666
+	if e := srv.errnoOf(abi.OpCMAccept, &abi.CMConnectRequest{ID: req.ID, Param: ap}); e != 0 {
+		t.Fatalf("accept: %v", e)
+	}
+	if rep := cli.event(abi.CMEventConnectResponse, mc.ID); rep.Context != 0x2 || rep.Param.QPN != 0x666 {
+		t.Errorf("connect response %+v", rep)
+	}
+	cli.errnoOf(abi.OpCMEstablish, &abi.CMIDRequest{ID: mc.ID})
+	srv.event(abi.CMEventEstablished, req.ID)
+
+	// The connected ID moves on to a third channel; the server's
+	// disconnect reaches it there.
+	cli3 := dialCM(t, rig.Socket)
+	cli3.channel()
+	m3 := cli3.migrate(cli, mc.ID)
+	if m3.EventsReported != 3 {
+		t.Errorf("connected ID migrated with %d events reported, want 3", m3.EventsReported)
+	}
+	srv.errnoOf(abi.OpCMDisconnect, &abi.CMIDRequest{ID: req.ID})
+	cli3.event(abi.CMEventDisconnected, m3.ID)
+	var d abi.CMDestroyReply
+	cli3.call(abi.OpCMDestroyID, &abi.CMIDRequest{ID: m3.ID}, &d)
+	if d.Errno != 0 || d.EventsReported != 4 {
+		t.Errorf("destroy: %+v, want 4 events reported", d)
+	}
+
+	var rep abi.CMMigrateReply
+	cli.callFds(abi.OpCMMigrateID, &abi.CMIDRequest{ID: 999}, &rep, cli3.evFd())
+	if syscall.Errno(rep.Errno) != syscall.EINVAL {
+		t.Errorf("an ID the channel does not have: %v, want EINVAL", syscall.Errno(rep.Errno))
+	}
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer devnull.Close()
+	cli.callFds(abi.OpCMMigrateID, &abi.CMIDRequest{ID: m3.ID}, &rep, int(devnull.Fd()))
+	if syscall.Errno(rep.Errno) != syscall.EINVAL {
+		t.Errorf("a descriptor of no event channel: %v, want EINVAL", syscall.Errno(rep.Errno))
+	}
+}

@@ -134,6 +134,9 @@ type Server struct {
 
 	owners    sync.Map      // cm.Owner → *session: the sessions that made CM IDs
 	nextOwner atomic.Uint64 // the last cm.Owner given out
+	// migrateMu serialises the moves of CM IDs between sessions, the
+	// one thing that holds two sessions' cmMu at once.
+	migrateMu sync.Mutex
 	portMu    sync.Mutex
 	nextPort  uint16 // the next ephemeral port to try (ephemeralPort)
 }
@@ -256,6 +259,19 @@ func (s *Server) Devices() []*Device {
 	}
 	sortDevices(out)
 	return out
+}
+
+// sessionByEventSocket returns the session whose event socket's client
+// end has inode ino (session.evIno), nil when none has.
+func (s *Server) sessionByEventSocket(ino uint64) *session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for ss := range s.sessions {
+		if ss.evIno.Load() == ino {
+			return ss
+		}
+	}
+	return nil
 }
 
 func sortDevices(ds []*Device) {

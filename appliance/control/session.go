@@ -32,6 +32,9 @@ type session struct {
 	// evconn, when the client asked for it (abi.OpenEventSocket), is
 	// where its events go instead of conn; set once, at open.
 	evconn atomic.Pointer[net.UnixConn]
+	// evIno is the inode of the client's end of evconn, by which a
+	// request that brings that end names the session (OpCMMigrateID).
+	evIno atomic.Uint64
 	// closeAfterReply is a descriptor the reply being sent hands over
 	// and the session must then close (-1: none); the session's reader
 	// goroutine owns it.
@@ -225,6 +228,11 @@ func (ss *session) eventSocket() (int, error) {
 	if err != nil {
 		return -1, fmt.Errorf("control: event socket: %w", err)
 	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fds[1], &st); err != nil {
+		closeFds(fds[:])
+		return -1, fmt.Errorf("control: event socket: %w", err)
+	}
 	f := os.NewFile(uintptr(fds[0]), "events")
 	c, err := net.FileConn(f)
 	f.Close()
@@ -232,6 +240,7 @@ func (ss *session) eventSocket() (int, error) {
 		syscall.Close(fds[1])
 		return -1, fmt.Errorf("control: event socket: %w", err)
 	}
+	ss.evIno.Store(st.Ino)
 	ss.evconn.Store(c.(*net.UnixConn))
 	return fds[1], nil
 }
@@ -293,6 +302,13 @@ func (ss *session) handle(op abi.Op, body []byte, fds received) (any, []int, err
 	}
 	if op == abi.OpCMEvent {
 		return nil, nil, fmt.Errorf("%w: events go to clients, not from them", abi.ErrOp)
+	}
+	if op == abi.OpCMMigrateID {
+		var r abi.CMIDRequest
+		if err := decode(&r); err != nil {
+			return nil, nil, err
+		}
+		return ss.cmMigrate(fds[0], r.ID), nil, nil
 	}
 	if op == abi.OpCMChannel {
 		if len(body) != 0 {
@@ -454,9 +470,9 @@ func (ss *session) handle(op abi.Op, body []byte, fds received) (any, []int, err
 var errDescriptors = errors.New("wrong number of descriptors")
 
 // fdsOf returns how many descriptors a request of op brings: reg-mr its
-// region's memfd, the others none.
+// region's memfd, cm-migrate-id the ID's event channel, the others none.
 func fdsOf(op abi.Op) int {
-	if op == abi.OpRegMR {
+	if op == abi.OpRegMR || op == abi.OpCMMigrateID {
 		return 1
 	}
 	return 0

@@ -328,22 +328,12 @@ func (d *Daemon) serve(name string, fn func() error) {
 // openPort is the attach manager's Options.Open: a pod's port becomes a
 // device of the appliance.
 func (d *Daemon) openPort(cfg appliance.PortConfig) (attach.Port, error) {
-	n, err := d.app.AddPort(cfg)
+	p, err := attach.OpenDevice(d.app, cfg)
 	if err != nil {
 		return nil, err
 	}
-	return &devicePort{app: d.app, nic: n}, nil
+	return p, nil
 }
-
-// devicePort is an attached port that is a verbs device of the appliance.
-type devicePort struct {
-	app *appliance.Appliance
-	nic *appliance.NIC
-}
-
-func (p *devicePort) Port() *appliance.Port { return p.nic.Port() }
-func (p *devicePort) Device() string        { return p.nic.Name() }
-func (p *devicePort) Close() error          { return p.app.RemovePort(p.nic.Name()) }
 
 // attachments counts the attachments, for the metrics.
 func (d *Daemon) attachments() int {

@@ -40,6 +40,7 @@ func newLabFlags(stderr io.Writer) *labFlags {
 	fs.BoolVar(&o.Offload, "super-frames", true, "move many RoCE packets per TAP syscall (UDP GSO)")
 	fs.IntVar(&o.Frames, "frames", 20000, "RoCE frames per direction in the exchange")
 	fs.IntVar(&o.KernelLoss, "kernel-loss", 0, "percent of RoCE packets the kernels drop on each veth (nftables; needs nft)")
+	fs.BoolVar(&o.Redirect, "redirect", false, "attach the ports in redirect mode, as pods' are: each veth carries its kernel's addresses, without a bridge, and the port shares them and the veth's MAC, tc moving RoCEv2 between veth and TAP; for programs that use one address for their sockets and for RDMA (qperf -cm1, libfabric's verbs provider); --kernel-loss is then skipped (default: bridge mode, each port a host of its own with addresses of its own)")
 	fs.BoolVar(&o.LocalSwitch, "local-switch", false, "let the ports' traffic cross in memory instead of through the TAPs and the veth")
 	fs.StringVar(&o.Socket, "socket", "", "control socket of the lab's appliance (default "+lab.DefaultSocket+")")
 	f.poll = fs.String("poll", "adaptive", `how the appliance waits for its clients' posts: "block", "spin" or "adaptive"`)

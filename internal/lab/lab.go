@@ -3,9 +3,19 @@
 // checks that prove the stations are real hosts on the wire, and the RDMA
 // exchange between them — the veth-pair setup people build by hand for
 // Soft-RoCE, without kernel RDMA support.
+//
+// A lab's ports are attached in one of the appliance's two modes. In
+// bridge mode (the default) each port is a host of its own on the
+// namespace's bridge, beside the kernel, with addresses of its own. In
+// redirect mode (Topology.Redirect) each port is attached to the
+// namespace's uplink as the appliance attaches a Kubernetes pod's
+// interface (appliance/attach): it shares the kernel's MAC and
+// addresses, as an rxe device shares its netdev's, and tc filters move
+// RoCEv2 between the uplink and its TAP.
 package lab
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -21,6 +31,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/taproce/taproce/appliance"
+	"github.com/taproce/taproce/appliance/admin"
+	"github.com/taproce/taproce/appliance/attach"
 	"github.com/taproce/taproce/appliance/capture"
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/internal/cpulist"
@@ -67,6 +79,16 @@ type Topology struct {
 	// them), and the client processes then run on the others: a NIC with
 	// processors of its own, as under Kubernetes' static CPU manager.
 	CPUs string
+	// Redirect attaches the ports in redirect mode, as the appliance
+	// attaches Kubernetes pods' (appliance/attach): each host's uplink
+	// carries the kernel's addresses, without a bridge, and the host's
+	// port shares them — the uplink's MAC, the kernel's addresses as its
+	// GIDs — with tc filters moving RoCEv2 between the uplink and the
+	// port's TAP. Programs that use one address both for their own
+	// sockets and for RDMA, as with rxe, then work between the hosts:
+	// qperf -cm1, libfabric's verbs provider. Off, the ports are in
+	// bridge mode: stations of their own beside the kernels, on bridges.
+	Redirect bool
 }
 
 // DefaultSocket is the control socket of a lab's appliance.
@@ -76,10 +98,13 @@ const DefaultSocket = "/run/taproce/lab.sock"
 type Host struct {
 	Index     int    // 1-based
 	Namespace string // named namespace
-	Bridge    string // bridge holding the uplink and the TAP
-	Uplink    string // veth towards the other host or the switch
+	// Bridge holds the uplink and the TAP; "" in redirect mode, where
+	// the uplink carries the kernel's addresses itself.
+	Bridge string
+	Uplink string // veth towards the other host or the switch
 	// PortAddrs are the taproce port's addresses (its GIDs); KernelAddrs
-	// the namespace kernel's own addresses on the bridge.
+	// the namespace kernel's own addresses on the bridge. In redirect
+	// mode they are the same: the kernel's, on the uplink.
 	PortAddrs, KernelAddrs []netip.Prefix
 	Port                   *appliance.Port
 	// NIC is the port with its transport; Device its verbs device name.
@@ -111,8 +136,10 @@ type Lab struct {
 	Hosts      []*Host
 	App        *appliance.Appliance // serves verbs on Socket once Serve runs
 	namespaces []string
-	perf       []perfRow  // the perf runs of the client steps
-	perfConf   perfConfig // the configuration they ran in
+	// attached attaches the ports in redirect mode; nil in bridge mode.
+	attached *attach.Manager
+	perf     []perfRow  // the perf runs of the client steps
+	perfConf perfConfig // the configuration they ran in
 	// lib is the libibverbs.so.1 the client steps ran Debian's programs
 	// on, which a kept lab tells its user of.
 	lib library
@@ -221,6 +248,9 @@ func Build(t Topology) (l *Lab, err error) {
 				netip.MustParsePrefix(fmt.Sprintf("fd55::%d/64", 100+i)),
 			},
 		}
+		if t.Redirect {
+			h.Bridge, h.KernelAddrs = "", h.PortAddrs
+		}
 		if err := l.addNS(h.Namespace); err != nil {
 			return l, err
 		}
@@ -229,11 +259,18 @@ func Build(t Topology) (l *Lab, err error) {
 	if err := l.wire(); err != nil {
 		return l, err
 	}
+	if t.Redirect {
+		l.attached = attach.New(attach.Options{Logger: t.Logger, Offload: t.Offload, Open: l.openAttached})
+	}
 	for _, h := range l.Hosts {
-		if err := l.bridge(h); err != nil {
+		if err := l.kernel(h); err != nil {
 			return l, err
 		}
-		if err := l.openPort(h); err != nil {
+		open := l.openPort
+		if t.Redirect {
+			open = l.attachPort
+		}
+		if err := open(h); err != nil {
 			return l, err
 		}
 	}
@@ -363,9 +400,10 @@ func (l *Lab) veth(nsA, nameA, nsB, nameB string) error {
 	return nil
 }
 
-// bridge builds a host's bridge: the uplink as its port, the kernel's own
-// addresses on it, loopback up.
-func (l *Lab) bridge(host *Host) error {
+// kernel gives a host's kernel its link and addresses, and loopback: in
+// bridge mode a bridge with the uplink as its port and the kernel's
+// addresses on it, in redirect mode the addresses on the uplink itself.
+func (l *Lab) kernel(host *Host) error {
 	err := netnsutil.Do(netnsutil.Path(host.Namespace), func(h *netlink.Handle) error {
 		lo, err := h.LinkByName("lo")
 		if err != nil {
@@ -374,29 +412,32 @@ func (l *Lab) bridge(host *Host) error {
 		if err := h.LinkSetUp(lo); err != nil {
 			return err
 		}
-		if err := plainBridges(); err != nil {
-			return err
-		}
-		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: host.Bridge, MTU: l.MTU}}
-		if err := h.LinkAdd(br); err != nil {
-			return fmt.Errorf("bridge: %w", err)
-		}
-		up, err := h.LinkByName(host.Uplink)
+		link, err := h.LinkByName(host.Uplink)
 		if err != nil {
 			return err
 		}
-		if err := h.LinkSetMaster(up, br); err != nil {
-			return err
+		if host.Bridge != "" {
+			if err := plainBridges(); err != nil {
+				return err
+			}
+			br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: host.Bridge, MTU: l.MTU}}
+			if err := h.LinkAdd(br); err != nil {
+				return fmt.Errorf("bridge: %w", err)
+			}
+			if err := h.LinkSetMaster(link, br); err != nil {
+				return err
+			}
+			// Bridge ports carry no addresses of their own.
+			_ = netnsutil.WriteSysctl("net/ipv6/conf/"+host.Uplink+"/disable_ipv6", "1")
+			link = br
 		}
-		// Bridge ports carry no addresses of their own.
-		_ = netnsutil.WriteSysctl("net/ipv6/conf/"+host.Uplink+"/disable_ipv6", "1")
 		for _, p := range host.KernelAddrs {
 			addr := &netlink.Addr{IPNet: prefixToIPNet(p), Flags: unix.IFA_F_NODAD}
-			if err := h.AddrAdd(br, addr); err != nil {
+			if err := h.AddrAdd(link, addr); err != nil {
 				return fmt.Errorf("address %v: %w", p, err)
 			}
 		}
-		return h.LinkSetUp(br)
+		return h.LinkSetUp(link)
 	})
 	if err != nil {
 		return fmt.Errorf("lab: host %s: %w", host.Namespace, err)
@@ -404,9 +445,14 @@ func (l *Lab) bridge(host *Host) error {
 	return nil
 }
 
-func (l *Lab) openPort(host *Host) error {
+// portConfig fills in what the lab gives each port: its name, impairment,
+// capture, logger, and the handler that passes its RoCE packets to the
+// topology's and the host's.
+func (l *Lab) portConfig(host *Host, cfg *appliance.PortConfig) {
 	idx := host.Index
-	handler := func(frame []byte, p *roce.Packet) {
+	cfg.Namespace = host.Namespace
+	cfg.Ingress, cfg.Egress, cfg.Capture, cfg.Logger = l.Ingress, l.Egress, l.Capture, l.Logger
+	cfg.Handler = func(frame []byte, p *roce.Packet) {
 		if l.Handler != nil {
 			l.Handler(idx, frame, p)
 		}
@@ -414,19 +460,20 @@ func (l *Lab) openPort(host *Host) error {
 			(*fn)(frame, p)
 		}
 	}
-	nic, err := l.App.AddPort(appliance.PortConfig{
-		Namespace: host.Namespace,
-		Netns:     netnsutil.Path(host.Namespace),
-		Name:      appliance.DefaultPortName,
-		Addrs:     host.PortAddrs,
-		MTU:       l.MTU,
-		Offload:   l.Offload,
-		Ingress:   l.Ingress,
-		Egress:    l.Egress,
-		Capture:   l.Capture,
-		Handler:   handler,
-		Logger:    l.Logger,
-	})
+}
+
+// openPort opens a host's port in bridge mode: a device of the lab's
+// appliance whose TAP joins the host's bridge.
+func (l *Lab) openPort(host *Host) error {
+	cfg := appliance.PortConfig{
+		Netns:   netnsutil.Path(host.Namespace),
+		Name:    appliance.DefaultPortName,
+		Addrs:   host.PortAddrs,
+		MTU:     l.MTU,
+		Offload: l.Offload,
+	}
+	l.portConfig(host, &cfg)
+	nic, err := l.App.AddPort(cfg)
 	if err != nil {
 		return fmt.Errorf("lab: %w", err)
 	}
@@ -441,10 +488,56 @@ func (l *Lab) openPort(host *Host) error {
 	return nil
 }
 
-// Close stops the ports and deletes the namespaces (with every link in
+// attachPort attaches a host's port in redirect mode to its uplink, as
+// the appliance daemon attaches a pod's interface: the namespace's name
+// is the attachment's container ID, the kernel's addresses its IPs.
+func (l *Lab) attachPort(host *Host) error {
+	_, err := l.attached.Attach(context.Background(), admin.AttachRequest{
+		ContainerID: host.Namespace,
+		IfName:      host.Uplink,
+		Netns:       netnsutil.Path(host.Namespace),
+		IPs:         host.PortAddrs,
+		PortName:    appliance.DefaultPortName,
+	})
+	if err != nil {
+		return fmt.Errorf("lab: attaching the port of %s to %s: %w", host.Namespace, host.Uplink, err)
+	}
+	return nil
+}
+
+// openAttached is the attach manager's Options.Open: the port of the host
+// whose namespace cfg names becomes a device of the lab's appliance, with
+// what the lab gives every port.
+func (l *Lab) openAttached(cfg appliance.PortConfig) (attach.Port, error) {
+	var host *Host
+	for _, h := range l.Hosts {
+		if netnsutil.Path(h.Namespace) == cfg.Netns {
+			host = h
+		}
+	}
+	if host == nil {
+		return nil, fmt.Errorf("lab: no host in namespace %s", cfg.Netns)
+	}
+	l.portConfig(host, &cfg)
+	p, err := attach.OpenDevice(l.App, cfg)
+	if err != nil {
+		return nil, err
+	}
+	host.Port, host.NIC, host.Device = p.Port(), p.NIC(), p.Device()
+	return p, nil
+}
+
+// Close stops the ports, takes the redirect-mode attachments down (their
+// tc filters and qdiscs) and deletes the namespaces (with every link in
 // them). It is safe on a partly built lab.
 func (l *Lab) Close() error {
 	var errs []error
+	if l.attached != nil {
+		if err := l.attached.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("lab: %w", err))
+		}
+		l.attached = nil
+	}
 	if l.App != nil {
 		if err := l.App.Close(); err != nil {
 			errs = append(errs, err)

@@ -14,11 +14,20 @@ import (
 // installs it).
 var ErrNoNft = errors.New("lab: nft (nftables) is not installed")
 
+// errRedirectLoss says why a lab in redirect mode has no kernel loss:
+// nftables sees no RoCE in its namespaces.
+var errRedirectLoss = errors.New("in redirect mode the tc filters move RoCE between the uplink and the TAP before " +
+	"nftables' netdev ingress hook, and the kernel skips the egress hooks for what tc redirects: no nftables rule sees it")
+
 // kernelLoss makes the kernel of every host drop pct percent of the RoCE
 // packets arriving on its uplink: an nftables rule in a netdev ingress
 // chain, `udp dport 4791 numgen random mod 100 < pct drop` — loss made by
-// the kernel rather than by the ports' own impairment.
+// the kernel rather than by the ports' own impairment. A lab in redirect
+// mode has none (errRedirectLoss).
 func (l *Lab) kernelLoss(pct int) error {
+	if l.Redirect {
+		return errRedirectLoss
+	}
 	if _, err := exec.LookPath("nft"); err != nil {
 		return ErrNoNft
 	}

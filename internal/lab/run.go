@@ -64,6 +64,9 @@ type Options struct {
 	// client steps run Debian's RDMA programs ("": found as `taproce exec`
 	// finds it, see findLibrary).
 	LibDir string
+	// Redirect attaches the ports in redirect mode (Topology.Redirect):
+	// each shares its namespace kernel's addresses on the uplink.
+	Redirect bool
 }
 
 // Step is one line of the result table.
@@ -123,7 +126,7 @@ func Run(ctx context.Context, o Options) ([]Step, error) {
 	l, err := Build(Topology{
 		Prefix: o.Prefix, Hosts: o.Hosts, MTU: o.MTU, Offload: o.Offload,
 		Ingress: spec, Egress: spec, Capture: pcap, Handler: ex.receive, Logger: o.Logger,
-		Socket: o.Socket, LocalSwitch: o.LocalSwitch, Poll: o.Poll, Procs: o.Procs, CPUs: o.CPUs,
+		Socket: o.Socket, LocalSwitch: o.LocalSwitch, Poll: o.Poll, Procs: o.Procs, CPUs: o.CPUs, Redirect: o.Redirect,
 	})
 	steps := []Step{{Name: "build", OK: err == nil, Took: time.Since(start)}}
 	if err != nil {
@@ -132,8 +135,17 @@ func Run(ctx context.Context, o Options) ([]Step, error) {
 		return steps, ErrFailed
 	}
 	defer l.Close()
+	if l.Redirect && o.KernelLoss > 0 {
+		steps = append(steps, Step{Name: fmt.Sprintf("kernel loss %d%% (nftables on the veths)", o.KernelLoss), OK: true, Skipped: true,
+			Detail: "not run: " + errRedirectLoss.Error()})
+		o.KernelLoss = 0
+	}
 	l.faults = newFaults(spec, o.KernelLoss)
-	steps[0].Detail = fmt.Sprintf("%d namespaces, veth+bridge, TAP per host, MTU %d, super-frames %v", o.Hosts, l.MTU, l.Hosts[0].Port.Device().(*tap.Tap).Offloaded())
+	wiring := "veth+bridge, TAP per host"
+	if l.Redirect {
+		wiring = "veth with the kernel's addresses, TAP per host in redirect mode (tc u32/mirred for UDP 4791)"
+	}
+	steps[0].Detail = fmt.Sprintf("%d namespaces, %s, MTU %d, super-frames %v", o.Hosts, wiring, l.MTU, l.Hosts[0].Port.Device().(*tap.Tap).Offloaded())
 
 	if o.KernelLoss > 0 {
 		if err := l.kernelLoss(o.KernelLoss); err != nil {
@@ -215,9 +227,12 @@ func (l *Lab) Checks(ctx context.Context) []Step {
 			start := time.Now()
 			rtt, err := ping(from.Namespace, ip, 3*time.Second)
 			s := Step{Name: fmt.Sprintf("ping %v from %s kernel", ip, from.Namespace), OK: err == nil, Took: time.Since(start)}
-			if err != nil {
+			switch {
+			case err != nil:
 				s.Detail = err.Error()
-			} else {
+			case l.Redirect:
+				s.Detail = fmt.Sprintf("rtt %v, the kernel's answer (the port shares its address, silently)", rtt.Round(time.Microsecond))
+			default:
 				s.Detail = fmt.Sprintf("rtt %v", rtt.Round(time.Microsecond))
 			}
 			steps = append(steps, s)
@@ -460,15 +475,35 @@ func keepMessage(w io.Writer, l *Lab, binary string) {
 		fmt.Fprintf(w, "Debian's RDMA programs run on it through taproce's libibverbs.so.1: ib_write_bw's server and client,\n  %s ib_write_bw -d %s -x 1\n  %s ib_write_bw -d %s -x 1 %v\n",
 			lenv(srv), srv.Device, lenv(cli), cli.Device, srv.KernelAddrs[0].Addr())
 	}
+	if l.Redirect && l.lib.ok() && l.lib.found.Dir != "" && fileExists(filepath.Join(l.lib.found.Dir, "librdmacm.so.1")) {
+		lenv := func(h *Host) string { return env(h) + " LD_LIBRARY_PATH=" + l.lib.found.Dir }
+		fmt.Fprintf(w, "Programs that connect with the RDMA CM at the kernel's address run on its librdmacm.so.1 too: qperf's server and an RC test,\n  %s qperf\n  %s qperf -cm1 %v rc_bw\n",
+			lenv(srv), lenv(cli), srv.PortIPv4())
+	}
 	fmt.Fprintln(w, "A shell in a host, whose verbs clients (the same binary) use that host's port:")
 	for _, h := range l.Hosts {
+		if l.Redirect {
+			fmt.Fprintf(w, "  %s bash    # port and kernel %v %v, MAC %v\n", env(h), h.PortIPv4(), h.PortIPv6(), h.Port.MAC())
+			continue
+		}
 		fmt.Fprintf(w, "  %s bash    # port %v %v MAC %v, kernel %v\n", env(h), h.PortIPv4(), h.PortIPv6(), h.Port.MAC(), h.KernelAddrs[0].Addr())
 	}
 	if strings.Contains(binary, "/go-build") {
 		fmt.Fprintln(w, "(That is the binary `go run` built, which may not outlive this lab; `go build -o taproce .` in the repository makes one that stays.)")
 	}
+	if l.Redirect {
+		fmt.Fprintf(w, "The client's out-of-band exchange and RDMA go to the same address of the server host (%v): each port shares its kernel's addresses (redirect mode).\n",
+			srv.PortIPv4())
+		return
+	}
 	fmt.Fprintf(w, "The client's out-of-band exchange goes to the server host's kernel address (%v); RDMA goes to its port's (%v).\n",
 		srv.KernelAddrs[0].Addr(), srv.PortIPv4())
+}
+
+// fileExists reports whether path names a file.
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // cleanStale removes what a killed lab left behind: its namespaces and PID

@@ -32,7 +32,7 @@ var cStructs = []any{
 	ModifyQPRequest{}, QueryQPReply{}, CreateSRQRequest{}, CreateSRQReply{}, ModifySRQRequest{},
 	CreateAHRequest{}, Event{},
 	SockAddr{}, CMCreateIDRequest{}, CMIDReply{}, CMIDRequest{}, CMDestroyReply{}, CMAddrRequest{}, CMQueryReply{},
-	CMConnParam{}, CMConnectRequest{}, CMInitQPAttrReply{}, CMEvent{},
+	CMConnParam{}, CMConnectRequest{}, CMInitQPAttrReply{}, CMEvent{}, CMMigrateReply{},
 }
 
 // slotField is where a ring slot's encoder (Put) writes one field.

@@ -98,6 +98,24 @@ type CMDestroyReply struct {
 	EventsReported uint32
 }
 
+// OpCMMigrateID moves an ID to the event channel of the connection the
+// request comes on (rdma_migrate_id, RDMA_USER_CM_CMD_MIGRATE_ID) from
+// the channel it belongs to, which the request names by that channel's
+// event socket (the descriptor the library has as the channel's fd, sent
+// with the request, as ucma's command names the current channel by its
+// fd). Its CMIDRequest names the ID by its handle on that channel; the
+// reply is CMMigrateReply.
+
+// CMMigrateReply answers OpCMMigrateID: the ID's handle on its new
+// channel, and how many events its old channel reported for it, which the
+// library waits to see acknowledged, as librdmacm does.
+type CMMigrateReply struct {
+	Errno          Errno
+	ID             uint32
+	EventsReported uint32
+	_              uint32
+}
+
 // CMAddrRequest binds an ID to an address (OpCMBind: Src) or resolves the
 // destination's address (OpCMResolveAddr: Dst, Src when bound or given,
 // TimeoutMs).

@@ -55,6 +55,7 @@
 #define TAPROCE_OP_CM_INIT_QP_ATTR 35
 #define TAPROCE_OP_CM_EVENT 36
 #define TAPROCE_OP_CM_CHANNEL 37
+#define TAPROCE_OP_CM_MIGRATE_ID 38
 
 #define TAPROCE_STATE_BYTES 64
 #define TAPROCE_SEND_SLOT 512
@@ -859,5 +860,16 @@ _Static_assert(offsetof(struct taproce_cm_event, dgid) == 312, "CMEvent.DGID");
 _Static_assert(offsetof(struct taproce_cm_event, flow_label) == 328, "CMEvent.FlowLabel");
 _Static_assert(offsetof(struct taproce_cm_event, hop_limit) == 332, "CMEvent.HopLimit");
 _Static_assert(offsetof(struct taproce_cm_event, tclass) == 333, "CMEvent.TClass");
+
+struct taproce_cm_migrate_reply {
+	int32_t errnum;
+	uint32_t id;
+	uint32_t events_reported;
+	uint32_t _pad0;
+} __attribute__((packed));
+_Static_assert(sizeof(struct taproce_cm_migrate_reply) == 16, "CMMigrateReply");
+_Static_assert(offsetof(struct taproce_cm_migrate_reply, errnum) == 0, "CMMigrateReply.Errno");
+_Static_assert(offsetof(struct taproce_cm_migrate_reply, id) == 4, "CMMigrateReply.ID");
+_Static_assert(offsetof(struct taproce_cm_migrate_reply, events_reported) == 8, "CMMigrateReply.EventsReported");
 
 #endif /* TAPROCE_ABI_H */

@@ -21,10 +21,8 @@ TP_EXPORT int ibv_get_async_event(struct ibv_context *context, struct ibv_async_
 	for (;;) {
 		uint8_t buf[TAPROCE_HEADER_LEN + sizeof(struct taproce_event) + 16];
 		ssize_t n = recv(context->async_fd, buf, sizeof(buf), 0);
-		if (n < 0 && errno == EINTR)
-			continue;
 		if (n < 0)
-			return -1; /* EAGAIN on a non-blocking fd, as rdma-core */
+			return -1; /* EAGAIN on a non-blocking fd, EINTR on a signal, as rdma-core */
 		if (n == 0) {
 			atomic_store(&c->dead, 1);
 			if (c->fatal_reported) {

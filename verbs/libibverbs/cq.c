@@ -440,11 +440,12 @@ TP_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq *
 		}
 		pthread_mutex_unlock(&ch->mu);
 		uint64_t v;
+		/* A signal that interrupts the read ends the call with EINTR, as
+		 * rdma-core's read of the channel does: qperf's timer (SIGALRM)
+		 * ends its wait for a completion that will not come. */
 		ssize_t n = read(channel->fd, &v, sizeof(v));
-		if (n < 0 && errno == EINTR)
-			continue;
 		if (n != sizeof(v))
-			return -1; /* EAGAIN on a non-blocking channel, as rdma-core */
+			return -1; /* EAGAIN on a non-blocking channel, EINTR, as rdma-core */
 	}
 }
 TP_DEFAULT_VERSION(ibv_get_cq_event, "IBVERBS_1.1");

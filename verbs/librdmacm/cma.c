@@ -849,9 +849,7 @@ TP_EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_
 		uint8_t buf[sizeof(struct taproce_header) + sizeof(struct taproce_cm_event)];
 		ssize_t n;
 		atomic_fetch_add(&c->readers, 1);
-		do
-			n = recv(c->ch.fd, buf, sizeof(buf), 0);
-		while (n < 0 && errno == EINTR);
+		n = recv(c->ch.fd, buf, sizeof(buf), 0);
 		if (n <= 0 && atomic_load(&c->closing)) {
 			/* The channel was destroyed under this read. ucma's read
 			 * then blocks until the process ends; so does this one,
@@ -861,7 +859,7 @@ TP_EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_
 		}
 		atomic_fetch_sub(&c->readers, 1);
 		if (n < 0)
-			return -1; /* EAGAIN on a non-blocking channel */
+			return -1; /* EAGAIN on a non-blocking channel, EINTR on a signal, as librdmacm */
 		if (n == 0) {
 			errno = ENODEV; /* the appliance is gone */
 			return -1;
@@ -1082,12 +1080,64 @@ TP_EXPORT int rdma_notify(struct rdma_cm_id *id, enum ibv_event_type event)
 	return -1;
 }
 
+/* rdma_migrate_id moves the ID to channel (NULL: a channel of its own,
+ * the ID then synchronous), as librdmacm's does: the request goes on the
+ * new channel's connection and names the old channel by its fd, as
+ * ucma's MIGRATE_ID does; the appliance moves the ID, its connection and
+ * its queued events, and gives its new handle. Then, as librdmacm, the
+ * ID's own old channel goes, and the call waits until the events the old
+ * channel reported for the ID are acknowledged. */
 TP_EXPORT int rdma_migrate_id(struct rdma_cm_id *id, struct rdma_event_channel *channel)
 {
-	(void)id;
-	(void)channel;
-	errno = ENOSYS; /* IDs stay with the channel that made them */
-	return -1;
+	struct tp_id *t = tp_id_of(id);
+	int sync = channel == NULL;
+	if (sync && (channel = rdma_create_event_channel()) == NULL)
+		return -1;
+	struct tp_channel *to = (struct tp_channel *)channel, *from = t->chan;
+	struct taproce_cmid_request req = {.id = t->handle};
+	struct taproce_cm_migrate_reply rep;
+	pthread_mutex_lock(&to->mu);
+	int r = tp_call_sock(to->sock, &to->seq, TAPROCE_OP_CM_MIGRATE_ID, &req, sizeof(req), &rep, sizeof(rep),
+			     &from->ch.fd, 1, NULL, NULL);
+	int e = errno;
+	pthread_mutex_unlock(&to->mu);
+	errno = e;
+	if (r < 0 || tp_cm_errno(rep.errnum) < 0) {
+		e = errno;
+		if (sync)
+			rdma_destroy_event_channel(channel);
+		errno = e;
+		return -1;
+	}
+	if (to != from) {
+		pthread_mutex_lock(&from->mu);
+		for (struct tp_id **p = &from->ids; *p; p = &(*p)->next)
+			if (*p == t) {
+				*p = t->next;
+				break;
+			}
+		pthread_mutex_unlock(&from->mu);
+		pthread_mutex_lock(&to->mu);
+		t->handle = rep.id;
+		t->chan = to;
+		t->next = to->ids;
+		to->ids = t;
+		pthread_mutex_unlock(&to->mu);
+	}
+	if (t->own_chan && to != from) {
+		if (id->event) {
+			rdma_ack_cm_event(id->event);
+			id->event = NULL;
+		}
+		rdma_destroy_event_channel(&from->ch);
+	}
+	pthread_mutex_lock(&t->mu);
+	t->sync = t->own_chan = sync;
+	id->channel = channel;
+	while (t->acked < rep.events_reported)
+		pthread_cond_wait(&t->cond, &t->mu);
+	pthread_mutex_unlock(&t->mu);
+	return 0;
 }
 
 TP_EXPORT int rdma_set_local_ece(struct rdma_cm_id *id, struct ibv_ece *ece)

@@ -286,12 +286,13 @@ func TestSanitized(t *testing.T) {
 }
 
 // userProgram compiles testdata/NAME.c as a user would, against Debian's
-// libibverbs-dev (-libverbs), and returns the binary.
-func userProgram(t testing.TB, name string) string {
+// libibverbs-dev (-libverbs) and the libraries libs names (-lrdmacm), and
+// returns the binary.
+func userProgram(t testing.TB, name string, libs ...string) string {
 	t.Helper()
 	bin := t.TempDir() + "/" + name
-	out, err := exec.Command("cc", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-o", bin,
-		"testdata/"+name+".c", "-libverbs").CombinedOutput()
+	args := []string{"-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-o", bin, "testdata/" + name + ".c"}
+	out, err := exec.Command("cc", append(append(args, libs...), "-libverbs")...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("cc %s.c: %v\n%s", name, err, out)
 	}

@@ -137,6 +137,45 @@ func runCMPrograms(t *testing.T, sanitize bool) {
 	}
 }
 
+// TestRDMACMMigrate: a user's program moves RDMA CM IDs between event
+// channels with rdma_migrate_id, as libfabric's verbs provider does — a
+// listener, a client ID resolved synchronously and then connected from an
+// event channel, that ID back to a channel of its own to disconnect — and
+// asks rdma_getaddrinfo for the destination of its hints alone
+// (testdata/migrate.c); plain and under the sanitizers.
+func TestRDMACMMigrate(t *testing.T) {
+	for _, san := range []bool{false, true} {
+		name := "plain"
+		if san {
+			name = "sanitized"
+		}
+		t.Run(name, func(t *testing.T) {
+			l := Need(t, san)
+			bin := userProgram(t, "migrate", "-lrdmacm")
+			r := appliancetest.New(t, appliancetest.Options{Namespace: "cm"})
+			out, err := Run(t, l.Env(r.Socket), timeout, bin, r.Addrs[1].String(), r.Addrs[0].String(), "7300")
+			if err != nil || strings.TrimSpace(out) != "ok" {
+				t.Fatalf("migrate: %v\n%s", err, out)
+			}
+		})
+	}
+}
+
+// TestInterrupted: a signal interrupts a program's waits for events —
+// ibv_get_cq_event, ibv_get_async_event, rdma_get_cm_event — which fail
+// with EINTR, as rdma-core's do (testdata/interrupt.c): qperf ends its
+// event-driven tests on its SIGALRM timer so, and its server waited for
+// ever for a completion that would not come while the library read again.
+func TestInterrupted(t *testing.T) {
+	l := Need(t, false)
+	bin := userProgram(t, "interrupt", "-lrdmacm")
+	r := appliancetest.New(t, appliancetest.Options{Namespace: "ibv"})
+	out, err := Run(t, l.Env(r.Socket), timeout, bin)
+	if err != nil || strings.TrimSpace(out) != "ok" {
+		t.Fatalf("interrupt: %v\n%s", err, out)
+	}
+}
+
 // TestRDMACMPeerKilled: a client killed in the middle of rping's
 // ping-pongs leaves its server a DISCONNECTED event — the appliance ends
 // the dead process's connections with a DREQ, as the kernel ends those of
