@@ -128,6 +128,7 @@ func (m *Manager) Listen(owner Owner, p ListenParams) (ID, error) {
 	l.id = m.newHandle()
 	m.listeners[l.id] = l
 	m.byService[l.sid] = append(m.byService[l.sid], l)
+	m.hear(l.sid)
 	return l.id, nil
 }
 

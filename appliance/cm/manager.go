@@ -41,6 +41,11 @@ type Config struct {
 	// PacketLifeTime is the paths' packet lifetime code (0:
 	// DefaultPacketLifeTime).
 	PacketLifeTime uint8
+	// ListenGrace is how long a request for a service nobody listens on
+	// (a REQ, a SIDR_REQ) waits for a listener before it is rejected
+	// (REJ 8; SIDR_REP "service ID not supported"); 0: DefaultListenGrace,
+	// negative: none, at once, as Linux's CM answers.
+	ListenGrace time.Duration
 }
 
 // Manager is the connection manager of one port (IBA vol. 1 ch. 12, with
@@ -83,6 +88,10 @@ type Manager struct {
 
 	rx Message // the MAD being received
 
+	// unheard are the requests that wait for a listener of their service
+	// (Config.ListenGrace), oldest first.
+	unheard []unheard
+
 	// out and events wait to be sent and delivered once the lock is
 	// released; flushing says that a call is doing so.
 	out      []outMAD
@@ -90,6 +99,13 @@ type Manager struct {
 	flushing bool
 
 	stats Stats
+}
+
+// unheard is a request for a service nobody listened on when it came.
+type unheard struct {
+	src, dst netip.Addr
+	msg      Message
+	deadline time.Time
 }
 
 type remoteKey struct {
@@ -136,6 +152,9 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = DefaultMaxConns
+	}
+	if cfg.ListenGrace == 0 {
+		cfg.ListenGrace = DefaultListenGrace
 	}
 	if cfg.MaxListeners <= 0 {
 		cfg.MaxListeners = DefaultMaxListeners
@@ -304,6 +323,7 @@ func (m *Manager) Tick() {
 			m.expire(c, now)
 		}
 	}
+	m.rejectUnheard(now)
 	m.unlock()
 }
 
@@ -331,6 +351,9 @@ func (m *Manager) NextDeadline() (time.Time, bool) {
 		if !c.deadline.IsZero() && (next.IsZero() || c.deadline.Before(next)) {
 			next = c.deadline
 		}
+	}
+	if len(m.unheard) > 0 && (next.IsZero() || m.unheard[0].deadline.Before(next)) {
+		next = m.unheard[0].deadline
 	}
 	return next, !next.IsZero()
 }

@@ -305,7 +305,20 @@ func TestNoListener(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			w.deliver() // no time passes
+			// REJ 28 comes at once; REJ 8 once the request waited
+			// its grace for a listener (Config.ListenGrace), and not
+			// before.
+			start := w.clk.now
+			w.deliver()
+			if tc.reason == cm.RejInvalidServiceID {
+				if len(a.events) != 0 {
+					t.Fatalf("A's events before the grace: %+v", a.events)
+				}
+				w.run(time.Minute, func() bool { return len(a.events) > 0 })
+			}
+			if d := w.clk.now.Sub(start); tc.reason == cm.RejInvalidServiceID && d != cm.DefaultListenGrace || tc.reason != cm.RejInvalidServiceID && d != 0 {
+				t.Errorf("rejected after %v", d)
+			}
 			if len(a.events) != 1 || a.events[0].Type != cm.EventRejected || a.events[0].Reason != tc.reason {
 				t.Fatalf("A's events %+v", a.events)
 			}
@@ -618,7 +631,7 @@ func TestStaleConnection(t *testing.T) {
 // owner's teardown rejects what it held, and nothing is left.
 func TestREQFlood(t *testing.T) {
 	w := newNetwork(t, 7)
-	b := w.add(addrB, guidB, cm.Config{MaxConns: 24})
+	b := w.add(addrB, guidB, cm.Config{MaxConns: 24, ListenGrace: -1}) // REJ 8 at once (TestListenGrace waits)
 	peer := netip.MustParseAddr("10.99.0.66")
 	l1, err := b.m.Listen(ownB, cm.ListenParams{Port: 7174, PortSpace: cm.PortSpaceTCP, Backlog: 8})
 	if err != nil {
@@ -770,7 +783,7 @@ func TestSIDR(t *testing.T) {
 		elapsed time.Duration
 	}{
 		{"resolved", true, false, 0, cm.SIDRSuccess, cm.EventEstablished, 0},
-		{"no listener", false, false, 0, cm.SIDRUnsupported, cm.EventUnreachable, 0},
+		{"no listener", false, false, 0, cm.SIDRUnsupported, cm.EventUnreachable, cm.DefaultListenGrace},
 		{"rejected", true, true, 0, cm.SIDRReject, cm.EventUnreachable, 0},
 		{"two lost", true, false, 2, cm.SIDRSuccess, cm.EventEstablished, 2 * 4096 * time.Millisecond},
 		{"all lost", true, false, 16, 0, cm.EventUnreachable, 16 * 4096 * time.Millisecond},
@@ -1242,4 +1255,97 @@ func TestSetOwner(t *testing.T) {
 	b.m.CloseOwner(ownB2)
 	w.run(time.Minute, nil)
 	w.empty()
+}
+
+// TestListenGrace: a request for a service nobody listens on waits its
+// grace (Config.ListenGrace) for a listener: one that comes in time hears
+// it — a REQ is handed up and connects, a SIDR_REQ is answered — the
+// peer's repeat of a waiting REQ is a duplicate, and only so many wait;
+// the rest, and every request once its grace is over, are rejected as
+// nobody listened (REJ 8, SIDR "unsupported").
+func TestListenGrace(t *testing.T) {
+	t.Run("REQ heard", func(t *testing.T) {
+		w := newNetwork(t, 11)
+		a := w.add(addrA, guidA, cm.Config{})
+		b := w.add(addrB, guidB, cm.Config{})
+		a.on, b.on = serve(false), serve(false)
+		aid, err := a.m.Connect(ownA, connectParams(addrA, addrB, 7174, 0x1f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.run(cm.DefaultListenGrace-time.Millisecond, nil)
+		if len(a.events) != 0 || len(b.events) != 0 || w.count(cm.AttrREJ, addrB) != 0 {
+			t.Fatalf("before the listener: A %+v, B %+v, sent %v", a.events, b.events, w.sentAttrs())
+		}
+		lid, err := b.m.Listen(ownB, cm.ListenParams{Port: 7174, PortSpace: cm.PortSpaceTCP})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.run(time.Second, func() bool { return a.state(aid) == cm.StateEstablished })
+		if a.state(aid) != cm.StateEstablished || len(b.eventsOf(cm.EventConnectRequest)) != 1 || w.count(cm.AttrREJ, addrB) != 0 {
+			t.Fatalf("A in %v; B's events %+v; sent %v", a.state(aid), b.events, w.sentAttrs())
+		}
+		_ = a.m.Destroy(aid)
+		w.deliver()
+		for _, e := range b.eventsOf(cm.EventConnectRequest) {
+			_ = b.m.Destroy(e.ID)
+		}
+		_ = b.m.Destroy(lid)
+		w.run(time.Minute, nil)
+		w.empty()
+	})
+	t.Run("SIDR heard", func(t *testing.T) {
+		w := newNetwork(t, 12)
+		a := w.add(addrA, guidA, cm.Config{})
+		b := w.add(addrB, guidB, cm.Config{})
+		b.on = func(n *node, e cm.Event) {
+			if e.Type == cm.EventConnectRequest {
+				if err := n.m.Accept(e.ID, cm.AcceptParams{QPN: 0x20}); err != nil {
+					t.Errorf("accept: %v", err)
+				}
+			}
+		}
+		id, err := a.m.Resolve(ownA, cm.ResolveParams{Local: netip.AddrPortFrom(addrA, 39759),
+			Remote: netip.AddrPortFrom(addrB, 7174), PortSpace: cm.PortSpaceUDP})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.run(cm.DefaultListenGrace/2, nil)
+		if _, err := b.m.Listen(ownB, cm.ListenParams{Port: 7174, PortSpace: cm.PortSpaceUDP}); err != nil {
+			t.Fatal(err)
+		}
+		if !w.run(time.Second, func() bool { return len(a.events) > 0 }) || a.events[0].Type != cm.EventEstablished || a.events[0].Param.QPN != 0x20 {
+			t.Fatalf("A's events %+v", a.events)
+		}
+		_ = a.m.Destroy(id)
+	})
+	t.Run("repeated, too many", func(t *testing.T) {
+		w := newNetwork(t, 13)
+		b := w.add(addrB, guidB, cm.Config{})
+		peer := netip.MustParseAddr("10.99.0.66")
+		req := rawREQ(t, peer, 7174, 0x1000, 0x10, 0xAA)
+		b.m.Receive(peer, addrB, req)
+		b.m.Receive(peer, addrB, req) // the peer's REQ again
+		if s := b.m.Stats(); s.Duplicates[0] != 1 || len(w.sent) != 0 {
+			t.Fatalf("duplicates %v, sent %v", s.Duplicates, w.sentAttrs())
+		}
+		const waiting = 256 // the manager's bound
+		for i := 1; i < waiting+10; i++ {
+			b.m.Receive(peer, addrB, rawREQ(t, peer, 7174, uint32(0x1000+i), uint32(0x10+i), 0xAA))
+		}
+		if n := w.count(cm.AttrREJ, addrB); n != 10 {
+			t.Errorf("%d REJs at once, want the 10 beyond the %d that wait", n, waiting)
+		}
+		w.run(cm.DefaultListenGrace, nil)
+		if n := w.count(cm.AttrREJ, addrB); n != waiting+10 {
+			t.Errorf("%d REJs after the grace, want %d", n, waiting+10)
+		}
+		rej := w.last(cm.AttrREJ)
+		if rej.REJ.Reason != cm.RejInvalidServiceID || rej.REJ.MessageRejected != cm.MessageREQ {
+			t.Errorf("REJ %v", &rej)
+		}
+		if _, ok := b.m.NextDeadline(); ok {
+			t.Error("a timer is left")
+		}
+	})
 }

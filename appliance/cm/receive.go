@@ -3,6 +3,7 @@ package cm
 import (
 	"encoding/binary"
 	"net/netip"
+	"time"
 )
 
 // Receive takes a MAD that arrived on QP1 from src to dst (the peer's
@@ -88,7 +89,9 @@ func (m *Manager) onREQ(src, dst netip.Addr, msg *Message) {
 	}
 	ls := m.byService[r.ServiceID]
 	if len(ls) == 0 {
-		m.issueREJ(src, dst, msg, MessageREQ, RejInvalidServiceID)
+		if !m.hold(src, dst, msg) {
+			m.issueREJ(src, dst, msg, MessageREQ, RejInvalidServiceID)
+		}
 		return
 	}
 	if len(m.conns) >= m.cfg.MaxConns {
@@ -404,7 +407,9 @@ func (m *Manager) onSIDRReq(src, dst netip.Addr, msg *Message) {
 	}
 	ls := m.byService[r.ServiceID]
 	if len(ls) == 0 {
-		answer(SIDRUnsupported)
+		if !m.hold(src, dst, msg) {
+			answer(SIDRUnsupported)
+		}
 		return
 	}
 	if len(m.conns) >= m.cfg.MaxConns {
@@ -454,4 +459,98 @@ func (m *Manager) onSIDRRep(msg *Message) {
 		e.Param = ConnParam{QPType: QPTypeUD, QPN: r.QPN, QKey: r.QKey}
 	}
 	m.event(e)
+}
+
+// hold keeps a request for a service nobody listens on until a listener
+// comes (Listen hears it then) or Config.ListenGrace is over (Tick
+// rejects it), and reports whether it did: not when there is no grace or
+// too many wait. A request that already waits (the peer's REQ again) is
+// a duplicate. m.mu is held.
+func (m *Manager) hold(src, dst netip.Addr, msg *Message) bool {
+	if m.cfg.ListenGrace < 0 {
+		return false
+	}
+	for i := range m.unheard {
+		if u := &m.unheard[i]; u.src == src && sameRequest(&u.msg, msg) {
+			m.dup(msg.Header.AttrID)
+			return true
+		}
+	}
+	if len(m.unheard) >= maxUnheard {
+		return false
+	}
+	deadline := m.cfg.Now().Add(m.cfg.ListenGrace)
+	m.unheard = append(m.unheard, unheard{src: src, dst: dst, msg: *msg, deadline: deadline})
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// sameRequest reports whether a and b are the same request: the same
+// peer's REQ (its communication ID and CA GUID) or SIDR_REQ (its
+// request ID).
+func sameRequest(a, b *Message) bool {
+	if a.Header.AttrID != b.Header.AttrID {
+		return false
+	}
+	if a.Header.AttrID == AttrSIDRReq {
+		return a.SIDRReq.RequestID == b.SIDRReq.RequestID
+	}
+	return a.REQ.LocalCommID == b.REQ.LocalCommID && a.REQ.LocalCAGUID == b.REQ.LocalCAGUID
+}
+
+// hear hands the requests that wait for service sid, which now has a
+// listener, to the manager as if they came now. m.mu is held.
+func (m *Manager) hear(sid ServiceID) {
+	var now []unheard
+	kept := m.unheard[:0]
+	for _, u := range m.unheard {
+		if requestService(&u.msg) == sid {
+			now = append(now, u)
+		} else {
+			kept = append(kept, u)
+		}
+	}
+	clear(m.unheard[len(kept):])
+	m.unheard = kept
+	for i := range now {
+		u := &now[i]
+		if u.msg.Header.AttrID == AttrSIDRReq {
+			m.onSIDRReq(u.src, u.dst, &u.msg)
+		} else {
+			m.onREQ(u.src, u.dst, &u.msg)
+		}
+	}
+}
+
+// requestService is the service ID a REQ or SIDR_REQ asks for.
+func requestService(msg *Message) ServiceID {
+	if msg.Header.AttrID == AttrSIDRReq {
+		return msg.SIDRReq.ServiceID
+	}
+	return msg.REQ.ServiceID
+}
+
+// rejectUnheard rejects the requests whose grace is over as nobody
+// listened: REJ 8, SIDR_REP "service ID not supported". m.mu is held.
+func (m *Manager) rejectUnheard(now time.Time) {
+	n := 0
+	for n < len(m.unheard) && !now.Before(m.unheard[n].deadline) {
+		u := &m.unheard[n]
+		if u.msg.Header.AttrID == AttrSIDRReq {
+			rep := Message{Header: NewHeader(AttrSIDRRep, u.msg.Header.TID)}
+			rep.SIDRRep = SIDRRepFields{RequestID: u.msg.SIDRReq.RequestID, Status: SIDRUnsupported, ServiceID: u.msg.SIDRReq.ServiceID}
+			m.queue(Route{Src: u.dst, Dst: u.src}, &rep)
+		} else {
+			m.issueREJ(u.src, u.dst, &u.msg, MessageREQ, RejInvalidServiceID)
+		}
+		n++
+	}
+	if n > 0 {
+		rest := copy(m.unheard, m.unheard[n:])
+		clear(m.unheard[rest:])
+		m.unheard = m.unheard[:rest]
+	}
 }

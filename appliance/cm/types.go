@@ -66,6 +66,19 @@ const (
 	// DefaultMaxConns and DefaultMaxListeners bound a manager's state
 	// when the Config leaves them 0.
 	DefaultMaxConns     = 16384
+	// DefaultListenGrace is how long a request waits for a listener
+	// (Config.ListenGrace). A server's rdma_listen reaches taproce's CM
+	// through the appliance's control socket, from a process that may
+	// share its processors with busy-polling programs: where a server
+	// tells its client to connect just before it listens (perftest's -R
+	// does, after its own exchange), the kernel's CM has the listener in
+	// microseconds and taproce's, on a busy machine, in milliseconds,
+	// which a client's REQ can beat. A request nobody listens for is
+	// still rejected well within what a program sees as at once.
+	DefaultListenGrace = 100 * time.Millisecond
+	// maxUnheard bounds the requests waiting for a listener; more are
+	// rejected at once.
+	maxUnheard = 256
 	DefaultMaxListeners = 1024
 	// sidrTimeout is how long a SIDR_REQ waits for its SIDR_REP, as
 	// cma_resolve_ib_udp asks: 1 << (CMA_CM_RESPONSE_TIMEOUT - 8) ms.
