@@ -125,4 +125,18 @@ func TestRxePair(t *testing.T) {
 			}
 		})
 	}
+	// cmtime's 100 connections between the two kernels' CMs, the figures
+	// TestLibRDMACM logs beside taproce's.
+	t.Run("cmtime", func(t *testing.T) {
+		job := server.Spawn(ctx, "pair-cmtime", fmt.Sprintf("timeout 120 cmtime -b %s -p 7399", server.IP))
+		// The server listens while the client sleeps; it serves until
+		// killed.
+		out, stderr, err := client.Exec(ctx, fmt.Sprintf("sleep 1; timeout 120 cmtime -s %s -p 7399 -c 100 2>&1", server.IP))
+		_, _, _ = job.Wait(ctx, time.Second)
+		if err != nil || !strings.Contains(out, "connect      :") {
+			t.Fatalf("cmtime between the VMs: %v %s\n%s", err, stderr, out)
+		}
+		rxeCMTime = cmtimeLines(out)
+		t.Logf("cmtime -c 100 between the two rxe VMs:\n%s", rxeCMTime)
+	})
 }

@@ -2,69 +2,72 @@ package interop
 
 import (
 	"context"
+	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/taproce/taproce/appliance/cm"
+	"github.com/taproce/taproce/verbs/libibverbs/ibvtest/matrix"
 )
 
-// This file runs rdmacm-utils' programs on taproce's librdmacm.so.1 and
-// libibverbs.so.1 against the same programs on rxe in the VM, both ways:
-// the appliance's connection manager speaks to the kernel's CM (IBA
-// ch. 12 MADs on QP1) and the connected QPs move data.
+// This file runs rdmacm-utils' programs and perftest's -R runs on
+// taproce's librdmacm.so.1 and libibverbs.so.1 against the same programs
+// on rxe in the VM, both ways: the appliance's connection manager speaks
+// to the kernel's CM (IBA ch. 12 MADs on QP1) and the connected QPs move
+// data. The programs and their verdicts are the matrix's (CMPrograms,
+// PerftestCM), which ibvtest and the lab run between taproce's own ports.
 
-// cmInterop is one program as a server and its client, what each must
-// say at its end besides exiting 0. {ADDR} is the server's address.
-type cmInterop struct {
-	name             string
-	server, client   string
-	srvSays, cliSays []string
-	cliCount         map[string]int
+// cmInterops are the programs run against the VM: udaddy is not among
+// them — between two rxe VMs it hangs too, the server never reporting its
+// receives (shared/vectors/README.md, rxe-cm-udaddy.pcap); between
+// taproce's ports it runs (ibvtest.TestRDMACMPrograms, lab.TestLabRDMACM).
+func cmInterops() []matrix.CMProgram {
+	var out []matrix.CMProgram
+	for _, p := range matrix.CMPrograms() {
+		if p.Name != "udaddy" {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
-var cmInterops = []cmInterop{
-	{name: "rping", server: "rping -s -a {ADDR} -p 7300 -C 20 -V -v", client: "rping -c -a {ADDR} -p 7300 -C 20 -V -v",
-		cliCount: map[string]int{"ping data: rdma-ping-": 20}},
-	{name: "ucmatose", server: "ucmatose -p 7301", client: "ucmatose -s {ADDR} -p 7301",
-		srvSays: []string{"data transfers complete", "return status 0"}, cliSays: []string{"data transfers complete", "return status 0"}},
-	// udaddy is not among them: between two rxe VMs it hangs too, the
-	// server never reporting its receives (shared/vectors/README.md,
-	// rxe-cm-udaddy.pcap); between taproce's ports it runs
-	// (ibvtest.TestRDMACMPrograms).
+// rxeCMTime is cmtime's report between the two rxe VMs (TestRxePair's
+// cmtime run), which TestLibRDMACM logs beside taproce's.
+var rxeCMTime string
+
+// cmtimeRow is a row of cmtime's table ("connect      :  1234.56 …"),
+// or its header.
+var cmtimeRow = regexp.MustCompile(`^(step  |[a-z][a-z ]{12}: )`)
+
+// cmtimeLines returns cmtime's table: its header and step rows.
+func cmtimeLines(out string) string {
+	var lines []string
+	for _, l := range strings.Split(out, "\n") {
+		if cmtimeRow.MatchString(l) {
+			lines = append(lines, l)
+		}
+	}
+	return strings.Join(lines, "\n")
 }
 
 // TestLibRDMACM: each program with taproce as the server and rxe as the
 // client, then the other way round, judged by both sides' exit statuses
-// and reports.
+// and reports; cmtime's 100 connections each way are logged beside those
+// between the two rxe VMs.
 func TestLibRDMACM(t *testing.T) {
 	p, _ := needPeer(t)
 	r := newLibRig(t, rigConfig{})
 	r.reach(t, p)
 	ours, theirs := perfAddr.Addr().String(), p.IP.String()
-	judge := func(t *testing.T, c cmInterop, srvOut, cliOut string) {
-		t.Helper()
-		for _, w := range c.srvSays {
-			if !strings.Contains(srvOut, w) {
-				t.Errorf("the server did not say %q", w)
-			}
-		}
-		for _, w := range c.cliSays {
-			if !strings.Contains(cliOut, w) {
-				t.Errorf("the client did not say %q", w)
-			}
-		}
-		for w, n := range c.cliCount {
-			if got := strings.Count(cliOut, w); got != n {
-				t.Errorf("the client said %q %d times, want %d", w, got, n)
-			}
-		}
-	}
-	for _, c := range cmInterops {
-		t.Run(c.name+"/taproce-server", func(t *testing.T) {
+	for i, c := range cmInterops() {
+		port := 7300 + i
+		t.Run(c.Name+"/taproce-server", func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
-			srv := r.command(ctx, strings.Fields(strings.ReplaceAll(c.server, "{ADDR}", ours))...)
+			server, client := c.Commands(ours, port)
+			srv := r.command(ctx, server...)
 			var out strings.Builder
 			srv.Stdout, srv.Stderr = &out, &out
 			if err := srv.Start(); err != nil {
@@ -79,7 +82,103 @@ func TestLibRDMACM(t *testing.T) {
 				case <-time.After(10 * time.Millisecond):
 				}
 			}
-			vm, stderr, verr := p.Exec(ctx, "timeout 120 "+strings.ReplaceAll(c.client, "{ADDR}", ours)+" 2>&1")
+			vm, stderr, verr := p.Exec(ctx, "timeout 120 "+strings.Join(client, " ")+" 2>&1")
+			var serr error
+			wait := 30 * time.Second
+			if c.ServerStays {
+				wait = time.Second
+			}
+			select {
+			case serr = <-done:
+			case <-time.After(wait):
+				cancel()
+				serr = <-done
+			}
+			if verr != nil {
+				t.Fatalf("VM client: %v %s\n%s\ntaproce server: %v\n%s", verr, stderr, vm, serr, out.String())
+			}
+			if err := c.Judge(matrix.Result{Out: out.String(), Err: serr}, matrix.Result{Out: vm}); err != nil {
+				t.Fatalf("%v\nVM client:\n%s\ntaproce server:\n%s", err, vm, out.String())
+			}
+			if c.Name == "cmtime" {
+				t.Logf("cmtime -c 100, rxe client, taproce server:\n%s\nbetween the two rxe VMs:\n%s", cmtimeLines(vm), rxeCMTime)
+			}
+		})
+		t.Run(c.Name+"/vm-server", func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			server, client := c.Commands(theirs, port)
+			job := p.Spawn(ctx, "cm-server", "timeout 120 "+strings.Join(server, " "))
+			// The client again while the VM's server does not listen yet
+			// (a REJ, "connect error"), as the perftest runs retry.
+			var out string
+			var err error
+			for i := 0; ; i++ {
+				cli := r.command(ctx, client...)
+				b, e := cli.CombinedOutput()
+				out, err = string(b), e
+				if err == nil || i >= 100 || !strings.Contains(out, "REJECTED") && !strings.Contains(out, "error") && !strings.Contains(out, "refused") {
+					break
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			wait := time.Minute
+			if c.ServerStays {
+				wait = time.Second
+			}
+			code, vm, werr := job.Wait(ctx, wait)
+			var serr error
+			if werr != nil && !c.ServerStays || code != 0 && !c.ServerStays {
+				serr = fmt.Errorf("exit %d, %v", code, werr)
+			}
+			if jerr := c.Judge(matrix.Result{Out: vm, Err: serr}, matrix.Result{Out: out, Err: err}); jerr != nil {
+				t.Fatalf("%v\ntaproce client:\n%s\nVM server:\n%s", jerr, out, vm)
+			}
+			if c.Name == "cmtime" {
+				t.Logf("cmtime -c 100, taproce client, rxe server:\n%s", cmtimeLines(out))
+			}
+		})
+	}
+}
+
+// TestLibRDMACMPerftest: every perftest tool with -R (matrix.PerftestCM)
+// on taproce against rxe in the VM, both ways, each judged by both sides'
+// exit statuses and result rows. Through the CM each side's path MTU is
+// its own link's (the active side's goes in the REQ, as Linux's
+// cma_resolve_iboe_route takes its netdev's), so the VM's link gets the
+// rig port's MTU, as one network has one. The VM's perftest waits for its peer's
+// exchange, so the server starts first and the client connects once the
+// server's CM listens (taproce's) or after a moment (the VM's, whose
+// listener the appliance cannot see; a client that comes too early gets
+// REJ 8, which perftest's own retry path does not survive).
+func TestLibRDMACMPerftest(t *testing.T) {
+	p, _ := needPeer(t)
+	r := newLibRig(t, rigConfig{})
+	r.reach(t, p)
+	withPeerMTU(t, p, jumboMTU)
+	ours, theirs := perfAddr.Addr().String(), p.IP.String()
+	runs := matrix.PerftestCM(matrix.Port{IPv4GID: 1, ActiveMTU: 1024})
+	for i, run := range runs {
+		port := 7400 + i
+		t.Run(run.Name()+"/taproce-server", func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			srv := r.command(ctx, append([]string{"stdbuf", "-o0", run.Tool}, run.Command(libDevice, port, "")...)...)
+			var out strings.Builder
+			srv.Stdout, srv.Stderr = &out, &out
+			if err := srv.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- srv.Wait() }()
+			for r.nic.CM().Stats().States[cm.StateListen] == 0 {
+				select {
+				case err := <-done:
+					t.Fatalf("the server ended before it listened: %v\n%s", err, out.String())
+				case <-time.After(10 * time.Millisecond):
+				}
+			}
+			vm, _, verr := p.Exec(ctx, "timeout 120 stdbuf -o0 "+run.Tool+" "+strings.Join(run.Command("rxe0", port, ours), " ")+" 2>&1")
 			var serr error
 			select {
 			case serr = <-done:
@@ -87,33 +186,25 @@ func TestLibRDMACM(t *testing.T) {
 				cancel()
 				serr = <-done
 			}
-			if verr != nil || serr != nil {
-				t.Fatalf("VM client: %v %s\n%s\ntaproce server: %v\n%s", verr, stderr, vm, serr, out.String())
+			if err := run.Judge(matrix.Result{Device: libDevice, Out: out.String(), Err: serr}, matrix.Result{Device: "rxe0", Out: vm, Err: verr}); err != nil {
+				t.Fatalf("%v\nVM client:\n%s\ntaproce server:\n%s", err, vm, out.String())
 			}
-			judge(t, c, out.String(), vm)
 		})
-		t.Run(c.name+"/vm-server", func(t *testing.T) {
+		t.Run(run.Name()+"/vm-server", func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
-			job := p.Spawn(ctx, "cm-server", "timeout 120 "+strings.ReplaceAll(c.server, "{ADDR}", theirs))
-			// The client again while the VM's server does not listen yet
-			// (a REJ, "connect error"), as the perftest runs retry.
-			var out string
-			var err error
-			for i := 0; ; i++ {
-				cli := r.command(ctx, strings.Fields(strings.ReplaceAll(c.client, "{ADDR}", theirs))...)
-				b, e := cli.CombinedOutput()
-				out, err = string(b), e
-				if err == nil || i >= 100 || !strings.Contains(out, "REJECTED") && !strings.Contains(out, "error") {
-					break
-				}
-				time.Sleep(200 * time.Millisecond)
-			}
+			job := p.Spawn(ctx, "cm-perftest", "timeout 120 stdbuf -o0 "+run.Tool+" "+strings.Join(run.Command("rxe0", port, ""), " "))
+			time.Sleep(time.Second) // the VM's perftest opens its device and listens
+			cli := r.command(ctx, append([]string{"stdbuf", "-o0", run.Tool}, run.Command(libDevice, port, theirs)...)...)
+			b, cerr := cli.CombinedOutput()
 			code, vm, werr := job.Wait(ctx, time.Minute)
-			if err != nil || werr != nil || code != 0 {
-				t.Fatalf("taproce client: %v\n%s\nVM server: exit %d, %v\n%s", err, out, code, werr, vm)
+			var serr error
+			if werr != nil || code != 0 {
+				serr = fmt.Errorf("exit %d, %v", code, werr)
 			}
-			judge(t, c, vm, out)
+			if err := run.Judge(matrix.Result{Device: "rxe0", Out: vm, Err: serr}, matrix.Result{Device: libDevice, Out: string(b), Err: cerr}); err != nil {
+				t.Fatalf("%v\ntaproce client:\n%s\nVM server:\n%s", err, b, vm)
+			}
 		})
 	}
 }

@@ -13,6 +13,9 @@ import (
 // from a REQ or SIDR_REQ), Linux's cm_id_private and the RDMA CM's
 // rdma_id_private in one.
 type conn struct {
+	// asked is when the active side sent its REQ or SIDR_REQ first
+	// (askAgain).
+	asked time.Time
 	id    ID
 	owner Owner
 	state State
@@ -222,6 +225,7 @@ func (m *Manager) Connect(owner Owner, p ConnectParams) (ID, error) {
 		return 0, fmt.Errorf("%w: %d connection IDs", ErrLimit, len(m.conns))
 	}
 	c := m.newConn(owner, StateReqSent)
+	c.asked = m.cfg.Now()
 	c.qpType, c.ps, c.local, c.remote = p.QPType, p.PortSpace, local, remote
 	c.sid = RDMAServiceID(p.PortSpace, remote.Port())
 	plt := p.PacketLifeTime
@@ -317,6 +321,7 @@ func (m *Manager) Resolve(owner Owner, p ResolveParams) (ID, error) {
 		return 0, fmt.Errorf("%w: %d connection IDs", ErrLimit, len(m.conns))
 	}
 	c := m.newConn(owner, StateSIDRReqSent)
+	c.asked = m.cfg.Now()
 	c.qpType, c.ps, c.local, c.remote = QPTypeUD, p.PortSpace, local, remote
 	c.sid = RDMAServiceID(p.PortSpace, remote.Port())
 	c.route = Route{Src: local.Addr(), Dst: remote.Addr(), HopLimit: DefaultHopLimit}

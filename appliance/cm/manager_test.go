@@ -1349,3 +1349,47 @@ func TestListenGrace(t *testing.T) {
 		}
 	})
 }
+
+// TestAskAgain: against a CM that rejects at once when nobody listens
+// (Linux's), the active side sends its REQ again every 10 ms while its
+// grace lasts: a server that listens meanwhile is reached; one that does
+// not leaves the owner REJECTED (reason 8) once the grace is over.
+func TestAskAgain(t *testing.T) {
+	for _, listenAfter := range []time.Duration{35 * time.Millisecond, 0} {
+		t.Run(fmt.Sprintf("listen after %v", listenAfter), func(t *testing.T) {
+			w := newNetwork(t, 14)
+			a := w.add(addrA, guidA, cm.Config{})
+			b := w.add(addrB, guidB, cm.Config{ListenGrace: -1}) // as Linux: REJ 8 at once
+			a.on, b.on = serve(false), serve(false)
+			start := w.clk.now
+			aid, err := a.m.Connect(ownA, connectParams(addrA, addrB, 7174, 0x1f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if listenAfter == 0 {
+				w.run(time.Minute, func() bool { return len(a.events) > 0 })
+				if len(a.events) != 1 || a.events[0].Type != cm.EventRejected || a.events[0].Reason != cm.RejInvalidServiceID {
+					t.Fatalf("A's events %+v", a.events)
+				}
+				if d := w.clk.now.Sub(start); d > cm.DefaultListenGrace || d < cm.DefaultListenGrace-20*time.Millisecond {
+					t.Errorf("rejected after %v, want the grace, %v", d, cm.DefaultListenGrace)
+				}
+				if n := w.count(cm.AttrREQ, addrA); n < 5 {
+					t.Errorf("%d REQs", n)
+				}
+				return
+			}
+			w.run(listenAfter, nil)
+			if len(a.events) != 0 || w.count(cm.AttrREJ, addrB) < 2 {
+				t.Fatalf("before the listener: A's events %+v, sent %v", a.events, w.sentAttrs())
+			}
+			if _, err := b.m.Listen(ownB, cm.ListenParams{Port: 7174, PortSpace: cm.PortSpaceTCP}); err != nil {
+				t.Fatal(err)
+			}
+			w.run(time.Second, func() bool { return a.state(aid) == cm.StateEstablished })
+			if a.state(aid) != cm.StateEstablished {
+				t.Fatalf("A in %v, events %+v; sent %v", a.state(aid), a.events, w.sentAttrs())
+			}
+		})
+	}
+}

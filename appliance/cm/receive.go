@@ -226,6 +226,9 @@ func (m *Manager) onREJ(msg *Message) {
 		m.drop(DropUnknownID)
 		return
 	}
+	if j.Reason == RejInvalidServiceID && c.state == StateReqSent && m.askAgain(c) {
+		return
+	}
 	switch c.state {
 	case StateReqSent, StateMRAReqRcvd, StateRepSent, StateMRARepRcvd, StateMRAReqSent:
 		if j.Reason == RejStaleConn {
@@ -449,6 +452,9 @@ func (m *Manager) onSIDRRep(msg *Message) {
 		m.drop(DropState)
 		return
 	}
+	if r.Status == SIDRUnsupported && m.askAgain(c) {
+		return
+	}
 	m.toIdle(c)
 	e := Event{Type: EventEstablished, ID: c.id, Owner: c.owner, Local: c.local, Remote: c.remote,
 		PrivateData: append([]byte(nil), r.PrivateData[:]...)}
@@ -553,4 +559,25 @@ func (m *Manager) rejectUnheard(now time.Time) {
 		clear(m.unheard[rest:])
 		m.unheard = m.unheard[:rest]
 	}
+}
+
+// askAgainGap is how long the active side waits before it asks again a
+// service nobody listened on (askAgain).
+const askAgainGap = 10 * time.Millisecond
+
+// askAgain is the active side's grace for a listener (Config.ListenGrace):
+// a REQ rejected, or a SIDR_REQ answered, as nobody listens (Linux's CM
+// answers so at once) is sent again askAgainGap later, as a retry, while
+// the grace since the first is not over, and it reports whether it will
+// be. A server whose kernel listens a moment after its client was told to
+// connect — perftest's -R, with taproce's CM quicker on the client's side
+// than the server's kernel is to listen (a VM's, emulated) — is then
+// reached. m.mu is held.
+func (m *Manager) askAgain(c *conn) bool {
+	now := m.cfg.Now()
+	if m.cfg.ListenGrace < 0 || !c.msgLive || c.retries == 0 || now.Add(askAgainGap).Sub(c.asked) > m.cfg.ListenGrace {
+		return false
+	}
+	m.setDeadline(c, now.Add(askAgainGap))
+	return true
 }

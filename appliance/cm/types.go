@@ -65,7 +65,7 @@ const (
 	DefaultBacklog = 1024
 	// DefaultMaxConns and DefaultMaxListeners bound a manager's state
 	// when the Config leaves them 0.
-	DefaultMaxConns     = 16384
+	DefaultMaxConns = 16384
 	// DefaultListenGrace is how long a request waits for a listener
 	// (Config.ListenGrace). A server's rdma_listen reaches taproce's CM
 	// through the appliance's control socket, from a process that may
@@ -78,7 +78,7 @@ const (
 	DefaultListenGrace = 100 * time.Millisecond
 	// maxUnheard bounds the requests waiting for a listener; more are
 	// rejected at once.
-	maxUnheard = 256
+	maxUnheard          = 256
 	DefaultMaxListeners = 1024
 	// sidrTimeout is how long a SIDR_REQ waits for its SIDR_REP, as
 	// cma_resolve_ib_udp asks: 1 << (CMA_CM_RESPONSE_TIMEOUT - 8) ms.

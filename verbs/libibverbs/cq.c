@@ -339,10 +339,14 @@ int tp_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 		w->opcode = (enum ibv_wc_opcode)s[TAPROCE_CQE_OPCODE];
 		w->vendor_err = tp_get32(s + TAPROCE_CQE_VENDOR_ERR);
 		w->byte_len = tp_get32(s + TAPROCE_CQE_BYTE_LEN);
-		w->imm_data = tp_get32(s + TAPROCE_CQE_IMM); /* or invalidated_rkey: the same word */
 		w->qp_num = tp_get32(s + TAPROCE_CQE_QP_NUM);
 		w->src_qp = tp_get32(s + TAPROCE_CQE_SRC_QP);
 		w->wc_flags = tp_get32(s + TAPROCE_CQE_WC_FLAGS);
+		/* The ring carries the immediate as the number the wire holds
+		 * big-endian; imm_data is in network order, invalidated_rkey
+		 * (the same word) a number. */
+		uint32_t word = tp_get32(s + TAPROCE_CQE_IMM);
+		w->imm_data = (w->wc_flags & IBV_WC_WITH_IMM) ? htobe32(word) : word;
 		w->pkey_index = tp_get16(s + TAPROCE_CQE_PKEY_INDEX);
 		w->slid = tp_get16(s + TAPROCE_CQE_SLID);
 		w->sl = s[TAPROCE_CQE_SL];

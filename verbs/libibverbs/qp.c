@@ -355,7 +355,10 @@ int tp_put_send(const struct tp_qp *q, uint8_t *s, const struct ibv_send_wr *wr)
 	tp_put64(s + TAPROCE_SWQE_WR_ID, wr->wr_id);
 	s[TAPROCE_SWQE_OPCODE] = (uint8_t)wr->opcode;
 	tp_put32(s + TAPROCE_SWQE_FLAGS, wr->send_flags);
-	uint32_t imm = wr->opcode == IBV_WR_SEND_WITH_INV ? wr->invalidate_rkey : wr->imm_data;
+	/* imm_data is in network order, as it goes on the wire; the ring
+	 * carries the number the appliance writes big-endian (ImmDt), as
+	 * invalidate_rkey is a number already. */
+	uint32_t imm = wr->opcode == IBV_WR_SEND_WITH_INV ? wr->invalidate_rkey : be32toh(wr->imm_data);
 	tp_put32(s + TAPROCE_SWQE_IMM, imm);
 	switch (wr->opcode) {
 	case IBV_WR_RDMA_WRITE:
