@@ -110,18 +110,14 @@ func TestLibRDMACM(t *testing.T) {
 			server, client := c.Commands(theirs, port)
 			job := p.Spawn(ctx, "cm-server", "timeout 120 "+strings.Join(server, " "))
 			// The client again while the VM's server does not listen yet
-			// (a REJ: "REJECTED", "connect error", "refused"), as the
-			// perftest runs retry; cmtime exits 0 all the same, so its
-			// verdict decides.
+			// (a REJ, "connect error"), as the perftest runs retry.
 			var out string
 			var err error
 			for i := 0; ; i++ {
 				cli := r.command(ctx, client...)
 				b, e := cli.CombinedOutput()
 				out, err = string(b), e
-				failed := err != nil || c.Judge(matrix.Result{Out: c.Name}, matrix.Result{Out: out}) != nil && c.ServerStays
-				rejected := strings.Contains(out, "REJECTED") || strings.Contains(out, "error") || strings.Contains(out, "refused")
-				if !failed || !rejected || i >= 100 {
+				if err == nil || i >= 100 || !strings.Contains(out, "REJECTED") && !strings.Contains(out, "error") && !strings.Contains(out, "refused") {
 					break
 				}
 				time.Sleep(200 * time.Millisecond)
