@@ -53,3 +53,32 @@ func (n *NIC) cmLoop() {
 	defer n.wg.Done()
 	n.timerLoop(n.cm.NextDeadline, n.cm.TimerWake(), n.cm.Tick)
 }
+
+// estQueue bounds the QPs whose first request waits for the manager: one
+// beyond it is not told, and its connection, if it lost its RTU, waits
+// for the REP's retry as Linux's would.
+const estQueue = 256
+
+// commEstablished is the engine's Config.CommEstablished: under the
+// engine's lock, it hands the QPN on without waiting, for estLoop to tell
+// the manager, whose lock (and the MADs it sends) must not be taken there.
+func (n *NIC) commEstablished(qpn uint32) {
+	select {
+	case n.est <- qpn:
+	default:
+	}
+}
+
+// estLoop tells the manager of each QP's first request, which establishes
+// a passive connection whose RTU is lost (cm.Manager.CommEstablished).
+func (n *NIC) estLoop() {
+	defer n.wg.Done()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case qpn := <-n.est:
+			n.cm.CommEstablished(qpn)
+		}
+	}
+}

@@ -7,6 +7,9 @@ import (
 	"time"
 
 	"github.com/taproce/taproce/appliance/cm"
+	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/appliance/transport"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // cmEvents installs a CM event handler on n that passes the events on a
@@ -133,5 +136,127 @@ func TestNICConnectionManager(t *testing.T) {
 				time.Sleep(10 * time.Millisecond)
 			}
 		})
+	}
+}
+
+// TestNICLostRTU: B's RTU is lost, and A's first SEND on the connected QP
+// establishes B's side of the connection at once (IBA 12.9.6: the
+// engine's first request is "communication established"), long before
+// B's REP would go again (4.3 s, the REQ's CM response timeout); the
+// SEND arrives. Without the engine telling the manager, B would wait for
+// that retry and the RTU it draws.
+func TestNICLostRTU(t *testing.T) {
+	a, b, _, _ := madNICs(t, nil)
+	ipA, ipB := a.GIDs()[1].Addr().Unmap(), b.GIDs()[1].Addr().Unmap()
+	evA, evB := cmEvents(a), cmEvents(b)
+	var mu sync.Mutex
+	var rtus, reps int
+	b.SetGSI(func(src, dst netip.Addr, _ uint32, _ uint16, mad []byte) {
+		mu.Lock()
+		lost := cm.MAD(mad).AttrID() == cm.AttrRTU
+		if lost {
+			rtus++
+		}
+		mu.Unlock()
+		if !lost {
+			b.CM().Receive(src, dst, mad)
+		}
+	})
+	a.SetGSI(func(src, dst netip.Addr, _ uint32, _ uint16, mad []byte) {
+		mu.Lock()
+		if cm.MAD(mad).AttrID() == cm.AttrREP {
+			reps++
+		}
+		mu.Unlock()
+		a.CM().Receive(src, dst, mad)
+	})
+	qa, qb := newRCEnd(t, a), newRCEnd(t, b)
+	if _, err := b.CM().Listen(2, cm.ListenParams{Port: 7175, PortSpace: cm.PortSpaceTCP}); err != nil {
+		t.Fatal(err)
+	}
+	id, err := a.CM().Connect(1, cm.ConnectParams{Local: netip.AddrPortFrom(ipA, 0), Remote: netip.AddrPortFrom(ipB, 7175),
+		PortSpace: cm.PortSpaceTCP, QPType: cm.QPTypeRC, QPN: qa.qp.Num(), StartingPSN: 100,
+		ResponderResources: 1, InitiatorDepth: 1, RetryCount: 7, RNRRetryCount: 7, PathMTU: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := waitEvent(t, evB, cm.EventConnectRequest, "B")
+	qb.connect(t, ipA, a, qa.qp.Num(), 100, 200)
+	if err := b.CM().Accept(req.ID, cm.AcceptParams{QPN: qb.qp.Num(), StartingPSN: 200, ResponderResources: 1, InitiatorDepth: 1, RNRRetryCount: 7}); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, evA, cm.EventConnectResponse, "A")
+	qa.connect(t, ipB, b, qb.qp.Num(), 200, 100)
+	if err := a.CM().Establish(id, nil); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := qb.qp.PostRecv([]transport.RecvWR{{ID: 7, SGL: []transport.SGE{{Addr: 0x10000, Length: 64, LKey: qb.mr.LKey}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := qa.qp.PostSend([]transport.SendWR{{ID: 1, Opcode: abi.WRSend, Flags: abi.SendSignaled | abi.SendInline, Inline: []byte("hi")}}); err != nil {
+		t.Fatal(err)
+	}
+	if ev := waitEvent(t, evB, cm.EventEstablished, "B"); ev.ID != req.ID {
+		t.Fatalf("B established %v, want %v", ev.ID, req.ID)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if d := time.Since(start); rtus != 1 || reps != 1 || d > 2*time.Second {
+		t.Fatalf("B established after %v, %d RTUs lost, %d REPs; want at once on the SEND, with the first REP", d, rtus, reps)
+	}
+	wcs := make([]transport.WC, 1)
+	for deadline := time.Now().Add(5 * time.Second); qb.cq.Poll(wcs) == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the SEND did not arrive")
+		}
+	}
+	if wcs[0].Status != abi.WCSuccess || wcs[0].ID != 7 || string(qb.buf[:2]) != "hi" {
+		t.Fatalf("B's completion %+v, buffer %q", wcs[0], qb.buf[:2])
+	}
+}
+
+// rcEnd is an RC QP on a NIC's engine, with a CQ and 4 KiB of memory at
+// 0x10000.
+type rcEnd struct {
+	qp  *transport.QP
+	cq  *transport.CQ
+	mr  *transport.MR
+	buf []byte
+}
+
+func newRCEnd(t *testing.T, n *NIC) *rcEnd {
+	t.Helper()
+	e := n.Engine()
+	pd := e.Memory().NewPD()
+	r := &rcEnd{buf: make([]byte, 4096), cq: transport.NewCQ(64, nil)}
+	var err error
+	if r.mr, err = e.Memory().Register(pd, 0x10000, r.buf, abi.AccessLocalWrite); err != nil {
+		t.Fatal(err)
+	}
+	if r.qp, err = e.CreateQP(transport.QPConfig{Type: abi.RC, PD: pd, SendCQ: r.cq, RecvCQ: r.cq, MaxSendWR: 16, MaxRecvWR: 16, MaxInline: 64}); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// connect takes the QP through INIT and RTR to RTS towards QP dqpn of
+// peer at ip, as librdmacm does with the CM's attributes.
+func (r *rcEnd) connect(t *testing.T, ip netip.Addr, peer *NIC, dqpn uint32, rq, sq roce.PSN) {
+	t.Helper()
+	for _, st := range []struct {
+		attr transport.QPAttr
+		mask abi.AttrMask
+	}{
+		{transport.QPAttr{State: abi.QPSInit, Port: 1}, abi.QPStateMask | abi.QPPKeyIndex | abi.QPPort | abi.QPAccessFlags},
+		{transport.QPAttr{State: abi.QPSRTR, PathMTU: abi.MTU1024, DestQPN: dqpn, RQPSN: rq, MaxDestRdAtomic: 1,
+			AV: transport.AddressVector{DstIP: ip, DstMAC: peer.Port().MAC(), SGIDIndex: 1}},
+			abi.QPStateMask | abi.QPAV | abi.QPPathMTU | abi.QPDestQPN | abi.QPRQPSN | abi.QPMaxDestRdAtomic | abi.QPMinRNRTimer},
+		{transport.QPAttr{State: abi.QPSRTS, SQPSN: sq, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 1},
+			abi.QPStateMask | abi.QPSQPSN | abi.QPTimeout | abi.QPRetryCnt | abi.QPRNRRetry | abi.QPMaxQPRdAtomic},
+	} {
+		if err := r.qp.Modify(&st.attr, st.mask); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -39,7 +39,8 @@ type NIC struct {
 	mads   madQueue      // MADs waiting for their destinations' MACs (SendMAD)
 	cm     *cm.Manager   // the port's connection manager, on QP1 (cm.go)
 	cmEv   atomic.Pointer[func(cm.Event)]
-	netns  uint64 // the inode of the port's namespace, when an Appliance made the NIC
+	est    chan uint32 // QPs that executed their first request (commEstablished)
+	netns  uint64      // the inode of the port's namespace, when an Appliance made the NIC
 }
 
 // localItem is a batch of frames crossing the local switch; refs, when
@@ -86,6 +87,7 @@ func NewNIC(name string, dev tap.Device, cfg PortConfig, sw *Switch) (*NIC, erro
 func (n *NIC) start(p *Port) error {
 	n.port = p
 	n.mads.init()
+	n.est = make(chan uint32, estQueue)
 	m, err := cm.New(cm.Config{Wire: nicWire{n}, Events: n.cmEvent, GUID: p.MAC().EUI64()})
 	if err != nil {
 		n.mads.close()
@@ -93,7 +95,8 @@ func (n *NIC) start(p *Port) error {
 	}
 	n.cm = m
 	cfg := transport.Config{MAC: p.MAC(), GIDs: p.Station().GIDs(), MTU: p.Device().MTU(), Out: nicOutput{n},
-		Local: func(a netip.Addr) bool { return n.route(a) != nil }, AckDelay: p.cfg.AckDelay}
+		Local: func(a netip.Addr) bool { return n.route(a) != nil }, AckDelay: p.cfg.AckDelay,
+		CommEstablished: n.commEstablished}
 	e := transport.NewEngine(cfg)
 	e.SetGSI(n.receiveMAD)
 	n.engine.Store(e)
@@ -104,10 +107,11 @@ func (n *NIC) start(p *Port) error {
 	if n.sw != nil {
 		n.sw.join(n)
 	}
-	n.wg.Add(3)
+	n.wg.Add(4)
 	go n.tickLoop(e)
 	go n.localLoop(e)
 	go n.cmLoop()
+	go n.estLoop()
 	return nil
 }
 

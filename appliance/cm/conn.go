@@ -590,11 +590,33 @@ func (m *Manager) CommEstablished(qpn uint32) bool {
 	m.mu.Lock()
 	defer m.unlock()
 	c := m.byQPN[qpn&0xFFFFFF]
-	if c == nil || (c.state != StateRepSent && c.state != StateMRARepRcvd) {
-		return false
+	return c != nil && m.commEst(c) == nil
+}
+
+// Notify is rdma_notify(IBV_EVENT_COMM_EST) on the ID id, the consumer
+// telling what its QP's async event said: as CommEstablished, and
+// ErrEstablished for a connection that is established already, ErrState
+// for one in any other state, as Linux's cm_establish answers.
+func (m *Manager) Notify(id ID) error {
+	m.mu.Lock()
+	defer m.unlock()
+	c, err := m.conn(id)
+	if err != nil {
+		return err
 	}
-	m.established(c)
-	return true
+	return m.commEst(c)
+}
+
+// commEst establishes c, waiting for its RTU, without it. m.mu is held.
+func (m *Manager) commEst(c *conn) error {
+	switch c.state {
+	case StateRepSent, StateMRARepRcvd:
+		m.established(c)
+		return nil
+	case StateEstablished:
+		return fmt.Errorf("%w: ID %d", ErrEstablished, c.id)
+	}
+	return stateErr(c, "communication established")
 }
 
 // Info describes the ID id.

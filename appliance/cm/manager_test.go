@@ -454,12 +454,13 @@ func TestLoss(t *testing.T) {
 }
 
 // TestLostRTU: the RTU is lost. The passive side takes the QP's first
-// packet as it (CommEstablished) and sends the REP no more; or, with no
-// traffic, sends the REP again and the active side answers the
+// packet as it (CommEstablished), or the consumer's rdma_notify (Notify),
+// and sends the REP no more; or, with neither, sends the REP again and the active side answers the
 // duplicate with the RTU again.
 func TestLostRTU(t *testing.T) {
-	for _, commEst := range []bool{true, false} {
-		t.Run(fmt.Sprintf("CommEstablished=%v", commEst), func(t *testing.T) {
+	for _, mode := range []string{"CommEstablished", "Notify", "REP again"} {
+		commEst := mode != "REP again"
+		t.Run(mode, func(t *testing.T) {
 			w, a, b, lid := pair(t, 6)
 			rtus := 0
 			w.drop = func(p *packet) bool {
@@ -479,7 +480,18 @@ func TestLostRTU(t *testing.T) {
 				t.Fatalf("states %v, %v", a.state(aid), b.state(bid))
 			}
 			qpn := b.info(bid).LocalQPN
-			if commEst {
+			switch mode {
+			case "Notify":
+				if err := b.m.Notify(lid); !errors.Is(err, cm.ErrNoID) {
+					t.Errorf("Notify of the listener: %v", err)
+				}
+				if err := b.m.Notify(bid); err != nil {
+					t.Fatalf("Notify: %v", err)
+				}
+				if err := b.m.Notify(bid); !errors.Is(err, cm.ErrEstablished) {
+					t.Errorf("a second Notify: %v, want ErrEstablished", err)
+				}
+			case "CommEstablished":
 				if b.m.CommEstablished(qpn + 1) {
 					t.Error("CommEstablished of another QPN took")
 				}

@@ -32,6 +32,9 @@ var (
 	// overlaps it (any address), exists already (Linux's EADDRINUSE and
 	// EADDRNOTAVAIL of rdma_listen).
 	ErrAddrInUse = errors.New("cm: address and port in use")
+	// ErrEstablished: Notify of a connection that is established already
+	// (Linux's cm_establish answers EISCONN).
+	ErrEstablished = errors.New("cm: connection already established")
 )
 
 // Defaults, as Linux's RDMA CM (drivers/infiniband/core/cma.c) and rxe's

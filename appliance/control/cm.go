@@ -364,6 +364,8 @@ func cmErr(err error) error {
 		return errno(syscall.EADDRINUSE, "%v", err)
 	case errors.Is(err, cm.ErrLimit):
 		return errno(syscall.ENOMEM, "%v", err)
+	case errors.Is(err, cm.ErrEstablished):
+		return errno(syscall.EISCONN, "%v", err)
 	}
 	return errno(syscall.EINVAL, "%v", err) // ErrNoID, ErrState, ErrInvalid, ErrPrivateData
 }
@@ -434,7 +436,7 @@ func (ss *session) cmHandle(op abi.Op, decode func(any) error) (any, error) {
 	}
 	switch op {
 	case abi.OpCMDestroyID, abi.OpCMQuery, abi.OpCMDisconnect, abi.OpCMEstablish, abi.OpCMListen,
-		abi.OpCMResolveRoute, abi.OpCMInitQPAttr:
+		abi.OpCMResolveRoute, abi.OpCMInitQPAttr, abi.OpCMNotify:
 		var r abi.CMIDRequest
 		if err := decode(&r); err != nil {
 			return nil, err
@@ -636,8 +638,30 @@ func (ss *session) cmIDOp(op abi.Op, x *cmID, arg uint32) any {
 		return &abi.ErrnoReply{Errno: abi.ErrnoOf(cmErr(x.dev.CM.Establish(x.conn, nil)))}
 	case abi.OpCMInitQPAttr:
 		return ss.cmInitQPAttr(x, uint8(arg))
+	case abi.OpCMNotify:
+		return &abi.ErrnoReply{Errno: abi.ErrnoOf(ss.cmNotify(x, arg))}
 	}
 	return &abi.ErrnoReply{Errno: abi.Errno(syscall.EINVAL)}
+}
+
+// cmNotify is rdma_notify on x, as Linux's rdma_notify and ib_cm_notify
+// answer it: an ID without a connection is EINVAL; IBV_EVENT_COMM_EST
+// establishes a connection still waiting for its RTU (EISCONN when it is
+// established already), IBV_EVENT_LID_CHANGE is taken and ignored, any
+// other event is EINVAL. The appliance's transport tells the CM of a QP's
+// first request itself (appliance.NIC), so a program that never calls
+// rdma_notify loses nothing.
+func (ss *session) cmNotify(x *cmID, event uint32) error {
+	if x.state != cmConn {
+		return errno(syscall.EINVAL, "notify in state %d", x.state)
+	}
+	switch event {
+	case abi.EventCommEst:
+		return cmErr(x.dev.CM.Notify(x.conn))
+	case abi.EventLIDChange:
+		return nil
+	}
+	return errno(syscall.EINVAL, "notify of event %d", event)
 }
 
 // cmListen makes x listen (rdma_listen) on its device, or on every device

@@ -78,6 +78,8 @@ func FuzzControl(f *testing.F) {
 		seed(abi.OpCMInitQPAttr, &abi.CMIDRequest{ID: 1, Arg: 3}), uint8(0), uint8(0))
 	f.Add(seed(abi.OpCMCreateID, &abi.CMCreateIDRequest{PortSpace: abi.CMPortSpaceIB, QPType: 3}),
 		seed(abi.OpCMDestroyID, &abi.CMIDRequest{ID: 1}), uint8(0), uint8(1))
+	f.Add(seed(abi.OpCMCreateID, &abi.CMCreateIDRequest{PortSpace: abi.CMPortSpaceTCP, QPType: 2}),
+		seed(abi.OpCMNotify, &abi.CMIDRequest{ID: 1, Arg: abi.EventCommEst}), uint8(0), uint8(0))
 	srv := New(Config{Socket: "/nonexistent", Logger: slog.New(slog.DiscardHandler)})
 	fds := attachable(f, 9, true)
 	f.Fuzz(func(t *testing.T, a, b []byte, fdsA, fdsB uint8) {

@@ -295,7 +295,7 @@ func (ss *session) handle(op abi.Op, body []byte, fds received) (any, []int, err
 		return nil, nil, fmt.Errorf("%w: %v with %d descriptors, it takes %d", errDescriptors, op, len(fds), want)
 	}
 	decode := func(v any) error { return abi.DecodeBody(body, v) }
-	if op >= abi.OpCMCreateID && op <= abi.OpCMInitQPAttr {
+	if op >= abi.OpCMCreateID && op <= abi.OpCMInitQPAttr || op == abi.OpCMNotify {
 		// The RDMA CM's ops need no opened device (an event channel).
 		reply, err := ss.cmHandle(op, decode)
 		return reply, nil, err

@@ -92,6 +92,13 @@ type Config struct {
 	// Without one, packets for QP1 are dropped, as for a QP that is not
 	// there.
 	GSI GSIHandler
+	// CommEstablished, when set, is told the number of each connected QP
+	// (RC or UC) that receives the first request it executes since it
+	// entered RTR, in sequence: IBA 11.6.3.1's "communication
+	// established", which a connection manager takes as the RTU it may
+	// have lost (IBA 12.9.6). It is called under the engine's lock, once
+	// per connection, and must neither block nor call the engine.
+	CommEstablished func(qpn uint32)
 	// Seed, when not 0, seeds the engine's random numbers — the QPNs it
 	// gives out and, when it makes the Memory, the regions' keys — so that
 	// a test or a fuzzer sees the same numbers every run. 0 seeds them

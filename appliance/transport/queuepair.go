@@ -85,15 +85,18 @@ type QP struct {
 	msn     uint32
 	nakSent bool
 	nakAt   time.Time // when to NAK a gap that too few packets follow
-	inMsg   bool      // in the middle of a multi-packet SEND or WRITE
-	msgSend bool      // the message in progress is a SEND (else a WRITE)
-	msgOff  uint32
-	msgLen  uint32
-	msgRKey uint32 // WRITE target
-	msgVA   uint64
-	cache   []respEntry
-	cacheN  int
-	stash   *reorderStash
+	// firstReq: the QP has executed no request since it entered RTR
+	// (Config.CommEstablished).
+	firstReq bool
+	inMsg    bool // in the middle of a multi-packet SEND or WRITE
+	msgSend  bool // the message in progress is a SEND (else a WRITE)
+	msgOff   uint32
+	msgLen   uint32
+	msgRKey  uint32 // WRITE target
+	msgVA    uint64
+	cache    []respEntry
+	cacheN   int
+	stash    *reorderStash
 
 	// Kill and Close: the QP only answers requests (lingerAnswer) until
 	// killAt, then it is removed. closed tells Close's from Kill's.
@@ -243,7 +246,7 @@ func (qp *QP) Modify(attr *QPAttr, mask abi.AttrMask) error {
 func (qp *QP) reset() {
 	qp.sqHead, qp.sqNext, qp.sqTl, qp.rqHead, qp.rqTl = 0, 0, 0, 0, 0
 	qp.attr = QPAttr{}
-	qp.inMsg, qp.nakSent, qp.msn, qp.reqOff, qp.rdAtomicOut = false, false, 0, 0, 0
+	qp.inMsg, qp.nakSent, qp.firstReq, qp.msn, qp.reqOff, qp.rdAtomicOut = false, false, false, 0, 0, 0
 	qp.psn, qp.sentTo, qp.acked, qp.ePSN, qp.noAckPkts, qp.retryLeft, qp.rnrLeft = 0, 0, 0, 0, 0, 0, 0
 	qp.msgSend, qp.msgOff, qp.msgLen, qp.msgRKey, qp.msgVA = false, 0, 0, 0, 0
 	qp.cacheN = 0
@@ -272,6 +275,7 @@ func (qp *QP) prepare() {
 		return
 	}
 	qp.pmtu = a.PathMTU.Bytes()
+	qp.firstReq = true
 	qp.local = qp.cfg.Type == abi.RC && e.cfg.Local != nil && e.cfg.Local(a.AV.DstIP)
 	qp.src, _ = e.sourceAddr(a.AV.SGIDIndex)
 	qp.sport = roce.ConnectedSourcePort(a.AV.FlowLabel, qp.num, a.DestQPN)

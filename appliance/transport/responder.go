@@ -58,6 +58,12 @@ func (qp *QP) respond(frame []byte, p *roce.Packet, ref []byte) {
 		return
 	}
 	qp.nakSent, qp.nakAt = false, time.Time{}
+	if qp.firstReq {
+		qp.firstReq = false
+		if f := qp.e.cfg.CommEstablished; f != nil {
+			f(qp.num)
+		}
+	}
 	qp.executeInOrder(frame, p, ref)
 	// Packets that overtook this one now follow it.
 	for qp.stash != nil && qp.stash.n > 0 && qp.state != abi.QPSErr {

@@ -131,6 +131,7 @@ const (
 	OpCMEvent
 	OpCMChannel
 	OpCMMigrateID
+	OpCMNotify
 	opMax
 )
 
@@ -138,7 +139,7 @@ var opNames = [...]string{"", "list-devices", "open", "query-port", "alloc-pd", 
 	"dereg-mr", "create-channel", "destroy-channel", "create-cq", "destroy-cq", "create-qp", "modify-qp",
 	"query-qp", "destroy-qp", "create-srq", "modify-srq", "destroy-srq", "create-ah", "destroy-ah", "event", "reg-mr-segments",
 	"cm-create-id", "cm-destroy-id", "cm-bind", "cm-resolve-addr", "cm-resolve-route", "cm-query", "cm-listen",
-	"cm-connect", "cm-accept", "cm-reject", "cm-disconnect", "cm-establish", "cm-init-qp-attr", "cm-event", "cm-channel", "cm-migrate-id"}
+	"cm-connect", "cm-accept", "cm-reject", "cm-disconnect", "cm-establish", "cm-init-qp-attr", "cm-event", "cm-channel", "cm-migrate-id", "cm-notify"}
 
 func (o Op) String() string {
 	if o < opMax {

@@ -85,7 +85,8 @@ type CMIDReply struct {
 // CMIDRequest names an ID, with one argument: OpCMDestroyID, OpCMQuery,
 // OpCMDisconnect, OpCMEstablish (none); OpCMListen (the backlog, 0 for
 // the default); OpCMResolveRoute (the timeout in ms); OpCMInitQPAttr (the
-// QP state whose attributes are asked for).
+// QP state whose attributes are asked for); OpCMNotify (the enum
+// ibv_event_type of rdma_notify).
 type CMIDRequest struct {
 	ID  uint32
 	Arg uint32

@@ -1068,16 +1068,13 @@ TP_EXPORT int rdma_set_option(struct rdma_cm_id *id, int level, int optname, voi
 	return -1;
 }
 
+/* rdma_notify passes the QP's async event to the connection manager, as
+ * ucma's NOTIFY: IBV_EVENT_COMM_EST establishes a connection whose RTU is
+ * lost (EISCONN once it is established), IBV_EVENT_LID_CHANGE is taken,
+ * anything else is EINVAL — the appliance answers as Linux's CM. */
 TP_EXPORT int rdma_notify(struct rdma_cm_id *id, enum ibv_event_type event)
 {
-	(void)id;
-	if (event != IBV_EVENT_COMM_EST) {
-		errno = EINVAL;
-		return -1;
-	}
-	/* The appliance's CM hears of a QP's first packet from the transport. */
-	errno = ENOSYS;
-	return -1;
+	return id_op(tp_id_of(id), TAPROCE_OP_CM_NOTIFY, (uint32_t)event);
 }
 
 /* rdma_migrate_id moves the ID to channel (NULL: a channel of its own,

@@ -141,8 +141,9 @@ func runCMPrograms(t *testing.T, sanitize bool) {
 // channels with rdma_migrate_id, as libfabric's verbs provider does — a
 // listener, a client ID resolved synchronously and then connected from an
 // event channel, that ID back to a channel of its own to disconnect — and
-// asks rdma_getaddrinfo for the destination of its hints alone
-// (testdata/migrate.c); plain and under the sanitizers.
+// asks rdma_getaddrinfo for the destination of its hints alone, and
+// rdma_notify gets Linux's answers (testdata/migrate.c); plain and under
+// the sanitizers.
 func TestRDMACMMigrate(t *testing.T) {
 	for _, san := range []bool{false, true} {
 		name := "plain"

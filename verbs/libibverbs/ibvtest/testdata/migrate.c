@@ -5,7 +5,9 @@
  * channel) moves to an event channel and connects from it; a SEND crosses
  * the connection; the client ID moves back to a channel of its own
  * (synchronous again) and disconnects, and the server sees it on the
- * listener's new channel. Before that, rdma_getaddrinfo with neither a
+ * listener's new channel. rdma_notify answers as Linux's CM: EISCONN for
+ * COMM_EST on an established connection, EINVAL on a listener or for an
+ * event that is not the CM's, 0 for LID_CHANGE. Before that, rdma_getaddrinfo with neither a
  * node nor a service answers with the hints' destination, as librdmacm
  * does. Arguments: the server's address, the client's, the port. It
  * prints "ok" and exits 0. */
@@ -124,6 +126,17 @@ int main(int argc, char **argv)
 		die("rdma_accept");
 	expect(cch, RDMA_CM_EVENT_ESTABLISHED, cid);
 	expect(sch, RDMA_CM_EVENT_ESTABLISHED, sid);
+	errno = 0;
+	if (rdma_notify(sid, IBV_EVENT_COMM_EST) != -1 || errno != EISCONN)
+		die("rdma_notify(COMM_EST) of an established connection, want EISCONN");
+	errno = 0;
+	if (rdma_notify(lid, IBV_EVENT_COMM_EST) != -1 || errno != EINVAL)
+		die("rdma_notify(COMM_EST) of a listener, want EINVAL");
+	errno = 0;
+	if (rdma_notify(sid, IBV_EVENT_QP_FATAL) != -1 || errno != EINVAL)
+		die("rdma_notify(QP_FATAL), want EINVAL");
+	if (rdma_notify(cid, IBV_EVENT_LID_CHANGE))
+		die("rdma_notify(LID_CHANGE)");
 
 	struct ibv_mr *smr = ibv_reg_mr(cid->pd, sbuf, sizeof(sbuf), 0);
 	if (!smr || rdma_post_send(cid, NULL, sbuf, sizeof(sbuf), smr, IBV_SEND_SIGNALED))
