@@ -192,11 +192,17 @@ func (r *perfRig) reach(t *testing.T, p *Peer) {
 // command returns `taproce perf ARGS` in the bridge's namespace, or with
 // a lib the program ARGS on it.
 func (r *perfRig) command(ctx context.Context, args ...string) *exec.Cmd {
-	head := []string{"netns", "exec", Namespace, r.bin, "perf"}
+	head := []string{r.bin, "perf"}
 	if r.lib != "" {
-		head = []string{"netns", "exec", Namespace, "env", "LD_LIBRARY_PATH=" + r.lib}
+		head = []string{"env", "LD_LIBRARY_PATH=" + r.lib}
 	}
-	c := exec.CommandContext(ctx, "ip", append(head, args...)...)
+	return r.inNamespace(ctx, append(head, args...)...)
+}
+
+// inNamespace returns the command ARGS as a client process of the rig's
+// appliance, in the bridge's namespace.
+func (r *perfRig) inNamespace(ctx context.Context, args ...string) *exec.Cmd {
+	c := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", Namespace}, args...)...)
 	c.Env = append(os.Environ(), "TAPROCE_SOCKET="+r.sock)
 	c.WaitDelay = 5 * time.Second
 	return c

@@ -21,6 +21,7 @@ import (
 	"github.com/taproce/taproce/appliance/capture"
 	"github.com/taproce/taproce/appliance/transport"
 	"github.com/taproce/taproce/internal/netnsutil"
+	"github.com/taproce/taproce/verbs/libibverbs/ibvtest/gocm"
 )
 
 // The suite's network: the rxe VM the tests run against, taproce ports at
@@ -72,6 +73,7 @@ var suite struct {
 }
 
 func TestMain(m *testing.M) {
+	gocm.RunIfHelper() // TestGoRDMACM's Go side
 	flag.Parse()
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)

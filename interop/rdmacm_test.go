@@ -3,12 +3,15 @@ package interop
 import (
 	"context"
 	"fmt"
+	"net/netip"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/taproce/taproce/appliance/cm"
+	"github.com/taproce/taproce/verbs/libibverbs/ibvtest/gocm"
 	"github.com/taproce/taproce/verbs/libibverbs/ibvtest/matrix"
 )
 
@@ -207,4 +210,93 @@ func TestLibRDMACMPerftest(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestGoRDMACM: the verbs package's connections through the RDMA CM
+// against Debian's rdma_server and rdma_client on rxe in the VM — a Go
+// verbs.Dial to the VM's rdma_server, and the VM's rdma_client to a Go
+// verbs.Listen on the rig's port — each side judged by its own verdict
+// as ibvtest's TestGoRDMACM judges them (package gocm): the program's
+// exit status and "end 0", the Go side's exact 16 bytes received and the
+// program's disconnect after them. The Go side is this test binary again,
+// as gocm's helper (gocm.RunIfHelper in TestMain), run as a client process
+// of the rig's appliance in the bridge's namespace, where the library's
+// programs run (the appliance serves a process its own namespace's port).
+// The dial goes again while the VM's server does not listen yet (REJ 8,
+// gocm.ExitRefused), as TestLibRDMACM's clients do.
+func TestGoRDMACM(t *testing.T) {
+	p, _ := needPeer(t)
+	r := newPerfRig(t, rigConfig{})
+	r.reach(t, p)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ours, theirs := netip.AddrPortFrom(perfAddr.Addr(), 7360), netip.AddrPortFrom(p.IP, 7361)
+	for _, pair := range gocm.Pairs() {
+		t.Run(pair.Name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			var srv, cli matrix.Result
+			if pair.GoListens {
+				srv, cli = goListenVMClient(ctx, t, p, r, pair.GoCommand(self, ours), pair.ProgramCommand(ours))
+			} else {
+				var refused int
+				srv, cli, refused = goDialVMServer(ctx, p, r, pair.ProgramCommand(theirs), pair.GoCommand(self, theirs))
+				t.Logf("dials refused before the VM's server listened: %d", refused)
+			}
+			if err := pair.Judge(srv, cli); err != nil {
+				t.Fatalf("%v\nclient:\n%s\nserver:\n%s", err, cli.Out, srv.Out)
+			}
+			t.Logf("client:\n%s\nserver:\n%s", cli.Out, srv.Out)
+		})
+	}
+}
+
+// goListenVMClient runs the Go side's listener on the rig's port and, once
+// it listens, the VM's client, and returns their outcomes.
+func goListenVMClient(ctx context.Context, t *testing.T, p *Peer, r *perfRig, goSide, client []string) (srv, cli matrix.Result) {
+	t.Helper()
+	cmd := r.inNamespace(ctx, goSide...)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	for r.nic.CM().Stats().States[cm.StateListen] == 0 {
+		select {
+		case err := <-done:
+			t.Fatalf("the Go side ended before it listened: %v\n%s", err, out.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	vm, stderr, verr := p.Exec(ctx, "timeout 120 "+strings.Join(client, " ")+" 2>&1")
+	if verr != nil {
+		verr = fmt.Errorf("%w: %s", verr, stderr)
+	}
+	srv.Err = <-done // the helper's own timeout bounds it
+	srv.Out = out.String()
+	return srv, matrix.Result{Out: vm, Err: verr}
+}
+
+// goDialVMServer runs the VM's server and the Go side's dial to it, and
+// returns their outcomes and how many dials were refused before it.
+func goDialVMServer(ctx context.Context, p *Peer, r *perfRig, server, goSide []string) (srv, cli matrix.Result, refused int) {
+	job := p.Spawn(ctx, "gocm-server", "timeout 120 "+strings.Join(server, " "))
+	for ; ; refused++ {
+		b, err := r.inNamespace(ctx, goSide...).CombinedOutput()
+		cli = matrix.Result{Out: string(b), Err: err}
+		if ExitCode(err) != gocm.ExitRefused || refused >= 100 {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	code, vm, werr := job.Wait(ctx, time.Minute)
+	srv.Out = vm
+	if werr != nil || code != 0 {
+		srv.Err = fmt.Errorf("exit %d, %v", code, werr)
+	}
+	return srv, cli, refused
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/taproce/taproce/internal/perf"
 	"github.com/taproce/taproce/internal/pingpong"
 	"github.com/taproce/taproce/internal/testnet"
+	"github.com/taproce/taproce/verbs/libibverbs/ibvtest/gocm"
 )
 
 // listenEnv makes this test binary, run as a helper process, listen on
@@ -24,6 +25,7 @@ import (
 const listenEnv = "TAPROCE_LAB_TEST_LISTEN"
 
 func TestMain(m *testing.M) {
+	gocm.RunIfHelper() // TestLabGoRDMACM's Go side
 	if v := os.Getenv(listenEnv); v != "" {
 		port, delay, _ := strings.Cut(v, " ")
 		d, err := time.ParseDuration(delay)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/taproce/taproce/appliance/cm"
 	"github.com/taproce/taproce/internal/ibvlib"
+	"github.com/taproce/taproce/verbs/libibverbs/ibvtest/gocm"
 	"github.com/taproce/taproce/verbs/libibverbs/ibvtest/matrix"
 )
 
@@ -23,33 +26,13 @@ import (
 // ucmatose, udaddy, rdma_server/rdma_client and cmtime, then every
 // perftest tool with -R — each judged by the programs' own verdict.
 func TestLabRDMACM(t *testing.T) {
-	p := prefix(t)
 	for _, prog := range matrix.Programs() {
 		if _, err := exec.LookPath(prog.Name); err != nil {
 			t.Skipf("needs Debian's %s (%s; scripts/setup installs it): %v", prog.Name, prog.Package, err)
 		}
 	}
-	t.Setenv(ibvlib.EnvDir, "")
-	old := ibvlib.SystemDirs
-	ibvlib.SystemDirs = nil
-	defer func() { ibvlib.SystemDirs = old }()
+	l, env := cmLab(t)
 	ctx := context.Background()
-	lib, s := findLibrary(ctx, "", "")
-	if !lib.ok() {
-		t.Skipf("no library to run them on: %s", s.Detail)
-	}
-	l, err := Build(Topology{Prefix: p, Hosts: 2, Offload: true, Socket: filepath.Join(t.TempDir(), "lab.sock"),
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	steps, stop := l.serveClients(ctx, "-", "")
-	defer stop()
-	if len(steps) > 0 {
-		t.Fatalf("serving the lab's appliance: %s: %s", steps[0].Name, steps[0].Detail)
-	}
-	env := lib.env(l.Socket)
 	a, b := l.Hosts[0], l.Hosts[1]
 	addr := b.PortIPv4().String()
 
@@ -81,6 +64,73 @@ func TestLabRDMACM(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%v\nclient in %s:\n%s\nserver in %s:\n%s", err, a.Namespace, cli.Out, b.Namespace, srv.Out)
 			}
+		})
+	}
+}
+
+// cmLab builds a lab of two hosts whose appliance serves its control
+// socket, and finds taproce's libraries for Debian's programs (skipping
+// the test where there are none); env is the programs' environment.
+func cmLab(t *testing.T) (*Lab, []string) {
+	t.Helper()
+	p := prefix(t)
+	t.Setenv(ibvlib.EnvDir, "")
+	old := ibvlib.SystemDirs
+	ibvlib.SystemDirs = nil
+	t.Cleanup(func() { ibvlib.SystemDirs = old })
+	ctx := context.Background()
+	lib, s := findLibrary(ctx, "", "")
+	if !lib.ok() {
+		t.Skipf("no library to run them on: %s", s.Detail)
+	}
+	l, err := Build(Topology{Prefix: p, Hosts: 2, Offload: true, Socket: filepath.Join(t.TempDir(), "lab.sock"),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	steps, stop := l.serveClients(ctx, "-", "")
+	t.Cleanup(stop)
+	if len(steps) > 0 {
+		t.Fatalf("serving the lab's appliance: %s: %s", steps[0].Name, steps[0].Detail)
+	}
+	return l, lib.env(l.Socket)
+}
+
+// TestLabGoRDMACM runs the verbs package's connections through the RDMA
+// CM between two lab namespaces against Debian's unmodified rdma_server
+// and rdma_client (on taproce's librdmacm.so.1): a Go verbs.Dial in the
+// first namespace to rdma_server in the second, and rdma_client in the
+// first to a Go verbs.Listen in the second, over the TAPs, bridges and
+// veth. The appliance serves a client the port of its process's
+// namespace, so the Go side is a process in its namespace: this test
+// binary again, as package gocm's helper (gocm.RunIfHelper in TestMain),
+// run there with `ip netns exec` as the programs are. Each side is judged
+// by its own verdict, as TestGoRDMACM judges them: the program's exit
+// status and "end 0", the Go side's exact 16 bytes received and the
+// program's disconnect after them (its exit status and "go verbs: end
+// 0").
+func TestLabGoRDMACM(t *testing.T) {
+	gocm.NeedPrograms(t)
+	l, env := cmLab(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := l.Hosts[0], l.Hosts[1]
+	for i, p := range gocm.Pairs() {
+		t.Run(p.Name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*gocm.HelperTimeout)
+			defer cancel()
+			server, client := p.Commands(self, netip.AddrPortFrom(b.PortIPv4(), uint16(7300+i)))
+			srv, cli, err := l.pairCM(ctx, env, a, b, server, client, gocm.HelperTimeout, false)
+			if err == nil {
+				err = p.Judge(srv, cli)
+			}
+			if err != nil {
+				t.Fatalf("%v\nclient %q in %s:\n%s\nserver %q in %s:\n%s", err, client, a.Namespace, cli.Out, server, b.Namespace, srv.Out)
+			}
+			t.Logf("client in %s:\n%s\nserver in %s:\n%s", a.Namespace, cli.Out, b.Namespace, srv.Out)
 		})
 	}
 }
