@@ -169,7 +169,13 @@ func (l *Lab) pair(ctx context.Context, binary string, a, b *Host, server, clien
 
 // pairEnv is pair with the environment env for both processes.
 func (l *Lab) pairEnv(ctx context.Context, env []string, binary string, a, b *Host, server, clientArgs []string, port int, timeout time.Duration) (srvOut, cliOut string, err error) {
-	srv, err := l.startClientEnv(ctx, env, binary, b, server...)
+	return l.pairEnvs(ctx, env, env, binary, a, b, server, clientArgs, port, timeout)
+}
+
+// pairEnvs is pair with the environment srvEnv for the server, cliEnv
+// for the client.
+func (l *Lab) pairEnvs(ctx context.Context, srvEnv, cliEnv []string, binary string, a, b *Host, server, clientArgs []string, port int, timeout time.Duration) (srvOut, cliOut string, err error) {
+	srv, err := l.startClientEnv(ctx, srvEnv, binary, b, server...)
 	if err != nil {
 		return "", "", err
 	}
@@ -177,7 +183,7 @@ func (l *Lab) pairEnv(ctx context.Context, env []string, binary string, a, b *Ho
 		_ = srv.wait(time.Millisecond)
 		return srv.output(), "", fmt.Errorf("server did not start: %w: %s", err, lastLine(srv.output()))
 	}
-	cli, err := l.startClientEnv(ctx, env, binary, a, append(clientArgs, b.KernelAddrs[0].Addr().String())...)
+	cli, err := l.startClientEnv(ctx, cliEnv, binary, a, append(clientArgs, b.KernelAddrs[0].Addr().String())...)
 	if err != nil {
 		_ = srv.wait(time.Millisecond)
 		return srv.output(), "", err

@@ -5,10 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"net/netip"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -23,7 +20,6 @@ import (
 	"github.com/taproce/taproce/appliance"
 	"github.com/taproce/taproce/appliance/redirect"
 	"github.com/taproce/taproce/appliance/roce"
-	"github.com/taproce/taproce/internal/ibvlib"
 	"github.com/taproce/taproce/internal/netnsutil"
 )
 
@@ -196,48 +192,6 @@ func TestLabRedirectClients(t *testing.T) {
 	t.Logf("\n%s", out.String())
 }
 
-// redirectPrograms builds a two-host lab in redirect mode, serving its
-// appliance, and finds taproce's libibverbs.so.1 and librdmacm.so.1 built
-// from this checkout; it skips without root, without Debian's programs
-// progs, or without the libraries.
-func redirectPrograms(t *testing.T, progs ...debianTool) (*Lab, library) {
-	t.Helper()
-	p := prefix(t)
-	for _, tool := range progs {
-		if _, err := exec.LookPath(tool.name); err != nil {
-			t.Skipf("needs Debian's %s (%s; scripts/setup installs it): %v", tool.name, tool.pkg, err)
-		}
-	}
-	t.Setenv(ibvlib.EnvDir, "")
-	old := ibvlib.SystemDirs
-	ibvlib.SystemDirs = nil
-	t.Cleanup(func() { ibvlib.SystemDirs = old })
-	ctx := context.Background()
-	lib, s := findLibrary(ctx, "", "")
-	if !lib.ok() {
-		t.Skipf("no library to run them on: %s", s.Detail)
-	}
-	if _, err := os.Stat(filepath.Join(lib.found.Dir, "librdmacm.so.1")); err != nil {
-		t.Skipf("no taproce librdmacm.so.1 beside %s (make -C verbs/librdmacm, with librdmacm-dev's headers): %v", lib.found.Dir, err)
-	}
-	l, err := Build(Topology{Prefix: p, Hosts: 2, Offload: true, Redirect: true, Socket: filepath.Join(t.TempDir(), "lab.sock"),
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := l.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	steps, stop := l.serveClients(ctx, "-", "")
-	t.Cleanup(stop)
-	if len(steps) > 0 {
-		t.Fatalf("serving the lab's appliance: %s: %s", steps[0].Name, steps[0].Detail)
-	}
-	return l, lib
-}
-
 var (
 	qperfTool      = debianTool{"qperf", "qperf"}
 	fiPingpongTool = debianTool{"fi_pingpong", "libfabric-bin"}
@@ -257,7 +211,7 @@ var qperfResult = regexp.MustCompile(`(?m)^\s+(bw|latency)\s+=\s+([0-9.]+ \S+)$`
 // tests never use the CM: "-cm1 set but not used"), builds its address
 // handle from a LID alone, which RoCE refuses, and fails as on rxe.
 func TestLabRedirectQperf(t *testing.T) {
-	l, lib := redirectPrograms(t, qperfTool)
+	l, lib := programsLab(t, true, qperfTool)
 	a, b := l.Hosts[0], l.Hosts[1]
 	ctx := context.Background()
 	env := lib.env(l.Socket)
@@ -354,7 +308,7 @@ func judgeFiPingpong(srvOut, cliOut string, err error) ([]string, error) {
 // max_cqe (65536; rxe's is 32767, and rxm fails there the same way,
 // "Unable to create verbs CQ").
 func TestLabRedirectFabric(t *testing.T) {
-	l, lib := redirectPrograms(t, fiPingpongTool, fiInfoTool)
+	l, lib := programsLab(t, true, fiPingpongTool, fiInfoTool)
 	a, b := l.Hosts[0], l.Hosts[1]
 	ctx := context.Background()
 	env := lib.env(l.Socket)

@@ -10,75 +10,31 @@ import (
 	"testing"
 
 	"github.com/taproce/taproce/appliance/appliancetest"
+	"github.com/taproce/taproce/verbs/libibverbs/ibvtest/matrix"
 )
-
-// ucxTransports are the UCX_TLS settings the UCX tests run: RC with UD
-// only to set up connections (UCP's wireup needs a transport that reaches
-// an interface; "ud_verbs:aux" keeps it from carrying data), and UD alone.
-var ucxTransports = []struct{ name, tls string }{
-	{"rc_verbs", "rc_verbs,ud_verbs:aux"},
-	{"ud_verbs", "ud_verbs"},
-}
-
-// ucxEnv is the environment of a UCX program on device dev's port 1.
-// UCX 1.13 drops every UD packet that arrived over IPv4 on a device that
-// does not tell the packet's IP version in the work completion's sl (rxe
-// does not, nor does taproce, as rxe): it then takes the IPv4 header for
-// an IPv6 one and the destination for a GID of nobody's. On rxe as on
-// taproce, its UD (and RC's wireup over UD) works with the IPv6 GID,
-// index 0, and times out with the IPv4 one it prefers (index 1).
-func ucxEnv(tls, dev string) []string {
-	return []string{"UCX_TLS=" + tls, "UCX_NET_DEVICES=" + dev + ":1", "UCX_IB_GID_INDEX=0", "UCX_LOG_LEVEL=info"}
-}
 
 // TestUCX runs UCX 1.13's ucx_perftest, unmodified, between the
 // appliance's two devices through `taproce exec` — which gives UCX the
 // /sys/class/infiniband and /dev/infiniband it looks for — over RC and
 // over UD: tag matching bandwidth and latency, UCP put and get; and
-// UCT's own RDMA WRITE and READ over rc_verbs. Each run checks
-// ucx_perftest's verdict (exit status, its "Final:" line) and, from UCX's
-// log, that the endpoint's lanes are the transport asked for on the
-// taproce device.
+// UCT's own RDMA WRITE and READ over rc_verbs (matrix.UCXRuns). Each run
+// checks ucx_perftest's verdict (exit status, its "Final:" line) and,
+// from UCX's log, that the endpoint's lanes are the transport asked for
+// on the taproce device (matrix.UCXRun.Judge).
 func TestUCX(t *testing.T) {
 	l := Need(t, false)
 	r := appliancetest.New(t, appliancetest.Options{Namespace: "ibv"})
-	type run struct {
-		name       string
-		env        func(dev string) []string
-		args       []string // the client's; the server gets those before -t
-		serverArgs []string
-		lane       string
-	}
-	var runs []run
-	for _, tr := range ucxTransports {
-		for _, test := range []string{"tag_bw", "tag_lat", "ucp_put_bw", "ucp_get"} {
-			runs = append(runs, run{name: tr.name + "/" + test, env: func(dev string) []string { return ucxEnv(tr.tls, dev) },
-				args: []string{"-t", test, "-n", "1000", "-s", "4096"}, lane: tr.name + "/taproce1:1"})
-		}
-	}
-	for _, test := range [][]string{{"put_bw", "-D", "zcopy"}, {"get", "-D", "zcopy"}} {
-		runs = append(runs, run{name: "uct rc_verbs/" + strings.Join(test, " "),
-			env:        func(string) []string { return []string{"UCX_IB_GID_INDEX=0"} },
-			serverArgs: []string{"-x", "rc_verbs", "-d", "taproce0:1"},
-			args:       append([]string{"-x", "rc_verbs", "-d", "taproce1:1", "-t"}, append(test, "-n", "1000", "-s", "65536")...)})
-	}
-	for _, c := range runs {
-		t.Run(c.name, func(t *testing.T) {
+	for _, c := range matrix.UCXRuns() {
+		t.Run(c.Name, func(t *testing.T) {
 			port := freePort(t)
-			p := []string{"-p", fmt.Sprint(port)}
-			srv := l.Exec(t, r.Socket, c.env("taproce0"), timeout, "ucx_perftest", append(p, c.serverArgs...)...)
+			srv := l.Exec(t, r.Socket, c.Env("taproce0"), timeout, matrix.UCXTool.Name, c.Server("taproce0", port)...)
 			WaitListen(t, srv, port, timeout)
-			cli := l.Exec(t, r.Socket, c.env("taproce1"), timeout, "ucx_perftest", append(append([]string{"127.0.0.1"}, p...), c.args...)...)
+			cli := l.Exec(t, r.Socket, c.Env("taproce1"), timeout, matrix.UCXTool.Name, c.Client("taproce1", port, "127.0.0.1")...)
 			cerr, serr := cli.Wait(), srv.Wait()
-			out := cli.Out.String()
-			if cerr != nil || serr != nil {
-				t.Fatalf("client: %v\n%s\nserver: %v\n%s", cerr, out, serr, srv.Out.String())
-			}
-			if !strings.Contains(out, "\nFinal: ") {
-				t.Errorf("no final result:\n%s", out)
-			}
-			if c.lane != "" && !strings.Contains(out, "("+c.lane+")") {
-				t.Errorf("no lane on %s:\n%s", c.lane, out)
+			err := c.Judge(matrix.Result{Device: "taproce0", Out: srv.Out.String(), Err: serr},
+				matrix.Result{Device: "taproce1", Out: cli.Out.String(), Err: cerr})
+			if err != nil {
+				t.Fatalf("%v\nclient:\n%s\nserver:\n%s", err, cli.Out.String(), srv.Out.String())
 			}
 		})
 	}

@@ -8,7 +8,8 @@
 // tool once more at every other GID the ports have; the pingpong runs
 // are each tool at every GID index and size the ports offer. Each run
 // carries its verdict, read from the programs' own exit statuses and
-// output (Judge).
+// output (Judge). Beside it are rdmacm-utils' programs and perftest with
+// -R (CMPrograms, PerftestCM), and UCX's ucx_perftest (UCXRuns).
 //
 // Two places run the table: verbs/libibverbs/ibvtest between the two
 // devices of an in-process appliance on a fake wire (no root needed), and
