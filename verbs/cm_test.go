@@ -5,11 +5,9 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"net"
 	"net/netip"
 	"runtime"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -127,46 +125,7 @@ func testCMMessages(t *testing.T, r *cmRig) {
 	}
 	sizes := []int{0, 1, 16, 55, 300, 1024, 1025, 4096, 65535, a.MaxMessage()}
 	const rounds = 5 // more messages than receive slots
-	var wg sync.WaitGroup
-	errs := make(chan error, 4)
-	for _, dir := range []struct {
-		from, to *verbs.Conn
-		tag      int
-	}{{a, b, 0}, {b, a, 1}} {
-		wg.Add(2)
-		go func() {
-			defer wg.Done()
-			for k := range rounds {
-				for i, n := range sizes {
-					if err := dir.from.Send(ctx, message(k+dir.tag*rounds, i, n)); err != nil {
-						errs <- fmt.Errorf("send %d/%d: %w", k, i, err)
-						return
-					}
-				}
-			}
-		}()
-		go func() {
-			defer wg.Done()
-			for k := range rounds {
-				for i, n := range sizes {
-					got, err := dir.to.Recv(ctx)
-					if err != nil {
-						errs <- fmt.Errorf("receive %d/%d: %w", k, i, err)
-						return
-					}
-					if want := message(k+dir.tag*rounds, i, n); !bytes.Equal(got, want) {
-						errs <- fmt.Errorf("message %d/%d: %d bytes, want %d (or data differs)", k, i, len(got), len(want))
-						return
-					}
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	sendBothWays(ctx, t, a, b, sizes, rounds, false)
 	if err := a.Send(ctx, make([]byte, a.MaxMessage()+1)); !errors.Is(err, verbs.ErrMessageTooLarge) {
 		t.Fatalf("oversized send: %v", err)
 	}

@@ -196,56 +196,7 @@ func testSendRecv(t *testing.T) {
 	}
 	sizes := []int{0, 1, 7, 55, 56, 300, 313, 1000, 4096, 65535, a.MaxMessage()}
 	const rounds = 4 // more messages than credits
-	// Both ways at once.
-	var wg sync.WaitGroup
-	errs := make(chan error, 4)
-	for _, dir := range []struct {
-		from, to *verbs.Conn
-		tag      int
-	}{{a, b, 0}, {b, a, 1}} {
-		wg.Add(2)
-		go func() {
-			defer wg.Done()
-			for r := range rounds {
-				for i, n := range sizes {
-					if err := dir.from.Send(ctx, message(r+dir.tag*rounds, i, n)); err != nil {
-						errs <- fmt.Errorf("send %d/%d: %w", r, i, err)
-						return
-					}
-				}
-			}
-		}()
-		go func() {
-			defer wg.Done()
-			buf := make([]byte, verbs.DefaultMaxMessage)
-			for r := range rounds {
-				for i, n := range sizes {
-					var got []byte
-					var err error
-					if i%2 == 0 {
-						got, err = dir.to.Recv(ctx)
-					} else {
-						var k int
-						k, err = dir.to.RecvInto(ctx, buf)
-						got = buf[:k]
-					}
-					if err != nil {
-						errs <- fmt.Errorf("receive %d/%d: %w", r, i, err)
-						return
-					}
-					if want := message(r+dir.tag*rounds, i, n); !bytes.Equal(got, want) {
-						errs <- fmt.Errorf("message %d/%d: %d bytes, want %d (or data differs)", r, i, len(got), len(want))
-						return
-					}
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	sendBothWays(ctx, t, a, b, sizes, rounds, true)
 	if err := a.Send(ctx, make([]byte, a.MaxMessage()+1)); !errors.Is(err, verbs.ErrMessageTooLarge) {
 		t.Fatalf("oversized send: %v", err)
 	}
@@ -724,4 +675,60 @@ func BenchmarkConn(b *testing.B) {
 		x.Close()
 		<-done
 	})
+}
+
+// sendBothWays sends rounds × sizes messages each way at once between a
+// and b and checks that each arrives, in order and byte for byte; with
+// into, every other one is received with RecvInto, the rest with Recv.
+func sendBothWays(ctx context.Context, t *testing.T, a, b *verbs.Conn, sizes []int, rounds int, into bool) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for _, dir := range []struct {
+		from, to *verbs.Conn
+		tag      int
+	}{{a, b, 0}, {b, a, 1}} {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			for r := range rounds {
+				for i, n := range sizes {
+					if err := dir.from.Send(ctx, message(r+dir.tag*rounds, i, n)); err != nil {
+						errs <- fmt.Errorf("send %d/%d: %w", r, i, err)
+						return
+					}
+				}
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, dir.to.MaxMessage())
+			for r := range rounds {
+				for i, n := range sizes {
+					var got []byte
+					var err error
+					if into && i%2 == 1 {
+						var k int
+						k, err = dir.to.RecvInto(ctx, buf)
+						got = buf[:k]
+					} else {
+						got, err = dir.to.Recv(ctx)
+					}
+					if err != nil {
+						errs <- fmt.Errorf("receive %d/%d: %w", r, i, err)
+						return
+					}
+					if want := message(r+dir.tag*rounds, i, n); !bytes.Equal(got, want) {
+						errs <- fmt.Errorf("message %d/%d: %d bytes, want %d (or data differs)", r, i, len(got), len(want))
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
 }

@@ -3,15 +3,11 @@ package lab
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/taproce/taproce/internal/ibvlib"
 	"github.com/taproce/taproce/verbs/libibverbs/ibvtest/matrix"
 )
 
@@ -27,33 +23,8 @@ import (
 // judged by the programs' own verdict (exit statuses, result lines,
 // results tables).
 func TestLabDebianMatrix(t *testing.T) {
-	p := prefix(t)
-	for _, prog := range matrix.Programs() {
-		if _, err := exec.LookPath(prog.Name); err != nil {
-			t.Skipf("needs Debian's %s (%s; scripts/setup installs it): %v", prog.Name, prog.Package, err)
-		}
-	}
-	t.Setenv(ibvlib.EnvDir, "")
-	old := ibvlib.SystemDirs
-	ibvlib.SystemDirs = nil
-	defer func() { ibvlib.SystemDirs = old }()
+	l, env := debianLab(t)
 	ctx := context.Background()
-	lib, s := findLibrary(ctx, "", "")
-	if !lib.ok() {
-		t.Skipf("no library to run them on: %s", s.Detail)
-	}
-	l, err := Build(Topology{Prefix: p, Hosts: 2, Offload: true, Socket: filepath.Join(t.TempDir(), "lab.sock"),
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	steps, stop := l.serveClients(ctx, "-", "")
-	defer stop()
-	if len(steps) > 0 {
-		t.Fatalf("serving the lab's appliance: %s: %s", steps[0].Name, steps[0].Detail)
-	}
-	env := lib.env(l.Socket)
 	a, b := l.Hosts[0], l.Hosts[1]
 	start := time.Now()
 

@@ -27,12 +27,31 @@ import (
 // libraries.
 func programsLab(t *testing.T, redirect bool, progs ...debianTool) (*Lab, library) {
 	t.Helper()
-	p := prefix(t)
 	for _, tool := range progs {
 		if _, err := exec.LookPath(tool.name); err != nil {
 			t.Skipf("needs Debian's %s (%s; scripts/setup installs it): %v", tool.name, tool.pkg, err)
 		}
 	}
+	return servingLab(t, func(tp *Topology) { tp.Redirect = redirect })
+}
+
+// debianLab is servingLab for the matrix's programs (which it needs,
+// matrix.NeedPrograms); env is their environment.
+func debianLab(t *testing.T, tune ...func(*Topology)) (*Lab, []string) {
+	t.Helper()
+	matrix.NeedPrograms(t)
+	l, lib := servingLab(t, tune...)
+	return l, lib.env(l.Socket)
+}
+
+// servingLab builds a lab of two hosts, bridged and offloading, whose
+// appliance serves its control socket to programs in its namespaces, each
+// tune changing the topology first; and finds taproce's libibverbs.so.1
+// and librdmacm.so.1 (skipping the test where there are none, or without
+// root).
+func servingLab(t *testing.T, tune ...func(*Topology)) (*Lab, library) {
+	t.Helper()
+	p := prefix(t)
 	t.Setenv(ibvlib.EnvDir, "")
 	old := ibvlib.SystemDirs
 	ibvlib.SystemDirs = nil
@@ -45,8 +64,12 @@ func programsLab(t *testing.T, redirect bool, progs ...debianTool) (*Lab, librar
 	if _, err := os.Stat(filepath.Join(lib.found.Dir, "librdmacm.so.1")); err != nil {
 		t.Skipf("no taproce librdmacm.so.1 beside %s (make -C verbs/librdmacm, with librdmacm-dev's headers): %v", lib.found.Dir, err)
 	}
-	l, err := Build(Topology{Prefix: p, Hosts: 2, Offload: true, Redirect: redirect, Socket: filepath.Join(t.TempDir(), "lab.sock"),
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	tp := Topology{Prefix: p, Hosts: 2, Offload: true, Socket: filepath.Join(t.TempDir(), "lab.sock"),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	for _, f := range tune {
+		f(&tp)
+	}
+	l, err := Build(tp)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +171,7 @@ func TestLabUCX(t *testing.T) {
 
 // TestLabPyverbs runs rdma-core's Python bindings (python3-pyverbs),
 // unmodified, on Debian's /usr/bin/python3, between two lab namespaces
-// on taproce's libraries: testdata/pyverbs_rc.py's server in the second
+// on taproce's libraries: matrix.PyverbsRC's server in the second
 // namespace, its client in the first, which exchange their QPs' numbers,
 // PSNs, GIDs and regions over TCP (to the server namespace's kernel
 // address, as ibv_rc_pingpong) and move data over an RC QP — SEND with
@@ -156,14 +179,7 @@ func TestLabUCX(t *testing.T) {
 // at each GID the ports have (link-local, IPv4, IPv6). Each side exits 0
 // and prints "ok" only when every check of its own held.
 func TestLabPyverbs(t *testing.T) {
-	const python = "/usr/bin/python3" // Debian's, which python3-pyverbs is for
-	if out, err := exec.Command(python, "-c", "import pyverbs.device").CombinedOutput(); err != nil {
-		t.Skipf("%s has no pyverbs (python3-pyverbs; scripts/setup installs it): %v\n%s", python, err, out)
-	}
-	script, err := filepath.Abs("testdata/pyverbs_rc.py")
-	if err != nil {
-		t.Fatal(err)
-	}
+	script := matrix.PyverbsRC(t)
 	l, lib := programsLab(t, false, debianTool{"ibv_devinfo", "ibverbs-utils"})
 	a, b := l.Hosts[0], l.Hosts[1]
 	ctx := context.Background()
@@ -176,7 +192,7 @@ func TestLabPyverbs(t *testing.T) {
 		t.Run(fmt.Sprintf("gid %d", gid), func(t *testing.T) {
 			tcp := 18600 + i
 			args := []string{script, "-g", strconv.Itoa(gid), "-p", strconv.Itoa(tcp)}
-			srvOut, cliOut, err := l.pairEnv(ctx, env, python, a, b, slices.Concat(args, []string{"-d", b.Device}),
+			srvOut, cliOut, err := l.pairEnv(ctx, env, matrix.Python, a, b, slices.Concat(args, []string{"-d", b.Device}),
 				slices.Concat(args, []string{"-d", a.Device}), tcp, time.Minute)
 			if err == nil && (strings.TrimSpace(srvOut) != "ok" || strings.TrimSpace(cliOut) != "ok") {
 				err = errors.New(`a side did not print "ok" alone`)

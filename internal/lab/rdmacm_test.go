@@ -3,17 +3,12 @@ package lab
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"net/netip"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/taproce/taproce/appliance/cm"
-	"github.com/taproce/taproce/internal/ibvlib"
 	"github.com/taproce/taproce/verbs/libibverbs/ibvtest/gocm"
 	"github.com/taproce/taproce/verbs/libibverbs/ibvtest/matrix"
 )
@@ -26,12 +21,7 @@ import (
 // ucmatose, udaddy, rdma_server/rdma_client and cmtime, then every
 // perftest tool with -R — each judged by the programs' own verdict.
 func TestLabRDMACM(t *testing.T) {
-	for _, prog := range matrix.Programs() {
-		if _, err := exec.LookPath(prog.Name); err != nil {
-			t.Skipf("needs Debian's %s (%s; scripts/setup installs it): %v", prog.Name, prog.Package, err)
-		}
-	}
-	l, env := cmLab(t)
+	l, env := debianLab(t)
 	ctx := context.Background()
 	a, b := l.Hosts[0], l.Hosts[1]
 	addr := b.PortIPv4().String()
@@ -68,35 +58,6 @@ func TestLabRDMACM(t *testing.T) {
 	}
 }
 
-// cmLab builds a lab of two hosts whose appliance serves its control
-// socket, and finds taproce's libraries for Debian's programs (skipping
-// the test where there are none); env is the programs' environment.
-func cmLab(t *testing.T) (*Lab, []string) {
-	t.Helper()
-	p := prefix(t)
-	t.Setenv(ibvlib.EnvDir, "")
-	old := ibvlib.SystemDirs
-	ibvlib.SystemDirs = nil
-	t.Cleanup(func() { ibvlib.SystemDirs = old })
-	ctx := context.Background()
-	lib, s := findLibrary(ctx, "", "")
-	if !lib.ok() {
-		t.Skipf("no library to run them on: %s", s.Detail)
-	}
-	l, err := Build(Topology{Prefix: p, Hosts: 2, Offload: true, Socket: filepath.Join(t.TempDir(), "lab.sock"),
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	steps, stop := l.serveClients(ctx, "-", "")
-	t.Cleanup(stop)
-	if len(steps) > 0 {
-		t.Fatalf("serving the lab's appliance: %s: %s", steps[0].Name, steps[0].Detail)
-	}
-	return l, lib.env(l.Socket)
-}
-
 // TestLabGoRDMACM runs the verbs package's connections through the RDMA
 // CM between two lab namespaces against Debian's unmodified rdma_server
 // and rdma_client (on taproce's librdmacm.so.1): a Go verbs.Dial in the
@@ -112,7 +73,7 @@ func cmLab(t *testing.T) (*Lab, []string) {
 // 0").
 func TestLabGoRDMACM(t *testing.T) {
 	gocm.NeedPrograms(t)
-	l, env := cmLab(t)
+	l, env := debianLab(t)
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -72,21 +73,24 @@ func TestUCXNeedsSysfs(t *testing.T) {
 }
 
 // TestPyverbs: rdma-core's Python bindings (python3-pyverbs), unmodified,
-// open both devices and move data over an RC QP between them (SEND with
-// immediate, RDMA WRITE, RDMA READ, FETCH_ADD, each checked at both ends:
-// testdata/pyverbs_rc.py), with the IPv4 GID and the IPv6 one.
+// move data over an RC QP between the appliance's two devices, a process
+// on each (matrix.PyverbsRC: SEND with immediate, RDMA WRITE, RDMA READ,
+// FETCH_ADD, each checked at both ends), with the IPv4 GID and the IPv6
+// one.
 func TestPyverbs(t *testing.T) {
 	l := Need(t, false)
-	const python = "/usr/bin/python3" // Debian's, which python3-pyverbs is for
-	if out, err := exec.Command(python, "-c", "import pyverbs.device").CombinedOutput(); err != nil {
-		t.Skipf("%s has no pyverbs (scripts/setup installs python3-pyverbs): %v\n%s", python, err, out)
-	}
+	script := matrix.PyverbsRC(t)
 	r := appliancetest.New(t, appliancetest.Options{Namespace: "ibv"})
 	for _, gid := range []string{"1", "0"} {
 		t.Run("gid "+gid, func(t *testing.T) {
-			p := l.Exec(t, r.Socket, nil, timeout, python, "testdata/pyverbs_rc.py", gid)
-			if err := p.Wait(); err != nil || strings.TrimSpace(p.Out.String()) != "ok" {
-				t.Fatalf("pyverbs_rc.py: %v\n%s", err, p.Out.String())
+			port := freePort(t)
+			args := []string{script, "-g", gid, "-p", strconv.Itoa(port)}
+			srv := l.Exec(t, r.Socket, nil, timeout, matrix.Python, append(args, "-d", "taproce1")...)
+			WaitListen(t, srv, port, timeout)
+			cli := l.Exec(t, r.Socket, nil, timeout, matrix.Python, append(args, "-d", "taproce0", "127.0.0.1")...)
+			cerr, serr := cli.Wait(), srv.Wait()
+			if cerr != nil || serr != nil || strings.TrimSpace(cli.Out.String()) != "ok" || strings.TrimSpace(srv.Out.String()) != "ok" {
+				t.Fatalf("client: %v\n%s\nserver: %v\n%s", cerr, cli.Out.String(), serr, srv.Out.String())
 			}
 		})
 	}

@@ -255,8 +255,15 @@ func TestRDMACMPerftest(t *testing.T) {
 	l := Need(t, false)
 	r := appliancetest.New(t, appliancetest.Options{Namespace: "cm"})
 	env := l.Env(r.Socket)
-	runs := matrix.PerftestCM(matrix.Port{IPv4GID: 1, ActiveMTU: 1024})
-	for i, run := range runs {
+	out, err := Run(t, env, timeout, "ibv_devinfo", "-v", "-d", "taproce0")
+	if err != nil {
+		t.Fatalf("ibv_devinfo -v: %v\n%s", err, out)
+	}
+	port, err := matrix.ParseDevinfo(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, run := range matrix.PerftestCM(port) {
 		t.Run(run.Name(), func(t *testing.T) {
 			sa := run.Command("taproce1", 7400+i, "")
 			ca := run.Command("taproce0", 7400+i, r.Addrs[1].String())

@@ -19,9 +19,11 @@ package matrix
 import (
 	"errors"
 	"fmt"
+	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
+	"testing"
 	"time"
 )
 
@@ -141,6 +143,17 @@ func Programs() []Program {
 		}
 	}
 	return ps
+}
+
+// NeedPrograms skips the test unless every program of the table is on
+// the PATH, naming the first missing one and its package.
+func NeedPrograms(t testing.TB) {
+	t.Helper()
+	for _, p := range Programs() {
+		if _, err := exec.LookPath(p.Name); err != nil {
+			t.Skipf("needs Debian's %s (%s; scripts/setup installs it): %v", p.Name, p.Package, err)
+		}
+	}
 }
 
 // Port is what the table needs to know of the ports the programs run

@@ -293,3 +293,27 @@ func TestJudge(t *testing.T) {
 	fails(pp, out(pingpongOut), out("Couldn't connect to 10.55.0.2:18515\n"), "client: no result lines")
 	fails(run(t, ping, "ibv_rc_pingpong -g 1 -s 1 -n 100 -c"), out(pingpongOut), out(pingpongOut), "want 100 iters (or a multiple) of 1 bytes")
 }
+
+// TestCMProgramVerdict: cmtime exits 0 and prints its table even when its
+// connections were rejected; the verdict reads the events it printed.
+func TestCMProgramVerdict(t *testing.T) {
+	var cmtime CMProgram
+	for _, p := range CMPrograms() {
+		if p.Name == "cmtime" {
+			cmtime = p
+		}
+	}
+	table := "step              total ms     max ms     min us  us / conn\n" +
+		"connect      :       54.46      48.01    7001.00     544.60\n" +
+		"disconnect   :       12.00       1.00     100.00     120.00\n"
+	if err := cmtime.Judge(Result{Err: errors.New("signal: killed")}, Result{Out: table}); err != nil {
+		t.Errorf("a good run: %v", err)
+	}
+	if err := cmtime.Judge(Result{}, Result{Out: "event: RDMA_CM_EVENT_REJECTED, error: 8\n" + table}); err == nil || !strings.Contains(err.Error(), "event: ") {
+		t.Errorf("a rejected run: %v", err)
+	}
+	srv, cli := cmtime.Commands("10.0.0.2", 7300)
+	if strings.Join(srv, " ") != "cmtime -b 10.0.0.2 -p 7300" || strings.Join(cli, " ") != "cmtime -s 10.0.0.2 -p 7300 -c 100" {
+		t.Errorf("commands %q, %q", srv, cli)
+	}
+}

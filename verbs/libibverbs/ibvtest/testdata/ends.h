@@ -13,12 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define die(...)                                                                                                       \
-	do {                                                                                                           \
-		fprintf(stderr, __VA_ARGS__);                                                                          \
-		fprintf(stderr, " (errno %d %s)\n", errno, strerror(errno));                                           \
-		exit(1);                                                                                               \
-	} while (0)
+#include "die.h"
 
 struct end {
 	struct ibv_context *ctx;

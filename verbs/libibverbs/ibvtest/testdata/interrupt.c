@@ -15,12 +15,7 @@
 #include <string.h>
 #include <sys/time.h>
 
-#define die(...)                                                                                                       \
-	do {                                                                                                           \
-		fprintf(stderr, __VA_ARGS__);                                                                          \
-		fprintf(stderr, " (errno %d %s)\n", errno, strerror(errno));                                           \
-		exit(1);                                                                                               \
-	} while (0)
+#include "die.h"
 
 static volatile sig_atomic_t fired;
 

@@ -20,12 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define die(...)                                                                                                       \
-	do {                                                                                                           \
-		fprintf(stderr, __VA_ARGS__);                                                                          \
-		fprintf(stderr, " (errno %d %s)\n", errno, strerror(errno));                                           \
-		exit(1);                                                                                               \
-	} while (0)
+#include "die.h"
 
 static struct sockaddr_in addr(const char *ip, int port)
 {
