@@ -52,7 +52,8 @@ func under(pkg, dir string) bool { return pkg == dir || strings.HasPrefix(pkg, d
 // TestLayout holds the imports to the directions the design gives them
 // (DESIGN.md, "Layout"): the wire format and the ABI depend on nothing
 // of ours; the transport knows only them; the configuration, the verbs
-// library and the CNI plugin know no part of the appliance they need not;
+// library, the CNI plugin and the device plugin know no part of the
+// appliance they need not;
 // only the appliance uses its polling loop.
 func TestLayout(t *testing.T) {
 	pkgs := listPackages(t)
@@ -84,6 +85,9 @@ func TestLayout(t *testing.T) {
 			return !under(p, "appliance")
 		}},
 		{"the CNI plugin talks to the appliance through its admin API only", "cni", true, func(p string) bool {
+			return !under(p, "appliance") || p == "appliance/admin"
+		}},
+		{"the device plugin talks to the appliance through its admin API only", "deviceplugin", true, func(p string) bool {
 			return !under(p, "appliance") || p == "appliance/admin"
 		}},
 	} {

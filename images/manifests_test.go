@@ -272,6 +272,53 @@ func TestDaemonSet(t *testing.T) {
 	}
 }
 
+// TestDevicePluginContainer: the DaemonSet runs taproce's device plugin
+// beside the appliance, without privileges, with the kubelet's
+// device-plugin directory and a CDI directory from the node, the
+// appliance's admin socket, and flags naming the ConfigMap's control
+// socket directory, admin socket and the directory the entrypoint
+// installs the libraries into — what its Allocate mounts into pods.
+func TestDevicePluginContainer(t *testing.T) {
+	cfg := applianceConfig(t)
+	ds := find(t, "DaemonSet", "taproce")
+	spec, _ := Get(ds, "spec", "template", "spec").(map[string]any)
+	c := Named(spec["containers"], "device-plugin")
+	if c == nil {
+		t.Fatal("the DaemonSet has no container named device-plugin")
+	}
+	if cmd := Strings(c["command"]); !slices.Equal(cmd, []string{"/usr/local/bin/taproce", "device-plugin"}) {
+		t.Errorf("command %v", cmd)
+	}
+	flags := map[string]string{}
+	for _, a := range Strings(c["args"]) {
+		if k, v, ok := strings.Cut(strings.TrimLeft(a, "-"), "="); ok {
+			flags[k] = v
+		}
+	}
+	for k, want := range map[string]string{"admin-socket": cfg.AdminSocket, "socket-dir": path.Dir(cfg.Socket), "lib-dir": NodeLibDir} {
+		if flags[k] != want {
+			t.Errorf("--%s=%q, want %q", k, flags[k], want)
+		}
+	}
+	for dir, host := range map[string]string{
+		"/var/lib/kubelet/device-plugins": "/var/lib/kubelet/device-plugins",
+		"/var/run/cdi":                    "/var/run/cdi",
+		path.Dir(cfg.AdminSocket):         path.Dir(cfg.AdminSocket),
+	} {
+		if got, _ := hostMount(spec, c, dir); got != host {
+			t.Errorf("%s is mounted from the host's %q, want %s", dir, got, host)
+		}
+	}
+	sc, _ := c["securityContext"].(map[string]any)
+	if Get(sc, "capabilities", "add") != nil || !slices.Equal(Strings(Get(sc, "capabilities", "drop")), []string{"ALL"}) ||
+		sc["allowPrivilegeEscalation"] != false || sc["readOnlyRootFilesystem"] != true {
+		t.Errorf("security context %v: the plugin needs no privilege", sc)
+	}
+	if Get(c, "resources", "requests", "cpu") == nil || Get(c, "resources", "requests", "memory") == nil {
+		t.Error("no resource requests")
+	}
+}
+
 // jsonString renders a scalar as its text (a port given as number or
 // name).
 func jsonString(v any) string {

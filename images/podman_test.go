@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/taproce/taproce/deviceplugin"
 	"github.com/taproce/taproce/internal/ibvlib"
 	"github.com/taproce/taproce/internal/lab"
 	"github.com/taproce/taproce/internal/netnsutil"
@@ -137,30 +138,84 @@ func podContainer(t *testing.T, p ibverbsPod, name, image, netns string, hosts m
 // podman, as a node of the DaemonSet would run it: the taproce image's
 // entrypoint (-install-only) installs the image's libibverbs.so.1 and
 // librdmacm.so.1 into a directory standing for the node's
-// /opt/taproce/lib; a lab (two network
-// namespaces with a taproce port each, its appliance serving on a socket
-// in a directory standing for the node's /run/taproce) stands for the
-// node's appliance and the two pods' networks; the perftest image
-// (scripts/perftest-image: Debian bookworm, perftest unmodified) runs
-// the server and the client pods' command lines in containers joining
-// those namespaces, with the pods' environment, read-only mounts, user
-// and no capabilities — the client's Service name replaced by the server
-// namespace's address. Both must exit 0 and the client print perftest's
-// result row with a bandwidth. It needs root and TAPROCE_IMAGE_TEST=1
-// (scripts/image and scripts/perftest-image take minutes the first time).
+// /opt/taproce/lib; a lab (two network namespaces with a taproce port
+// each, its appliance serving on a socket in a directory standing for the
+// node's /run/taproce) stands for the node's appliance and the two pods'
+// networks; the perftest image (scripts/perftest-image: Debian bookworm,
+// perftest unmodified) runs the server and the client pods' command lines
+// in containers joining those namespaces, with the pods' environment,
+// read-only mounts, user and no capabilities — the client's Service name
+// replaced by the server namespace's address. Both must exit 0 and the
+// client print perftest's result row with a bandwidth. It needs root and
+// TAPROCE_IMAGE_TEST=1 (scripts/image and scripts/perftest-image take
+// minutes the first time).
 func TestPodmanIbWriteBw(t *testing.T) {
+	ctx, n := podmanNode(t)
+	hosts := map[string]string{path.Dir(applianceConfig(t).Socket): n.run, NodeLibDir: n.libDir}
+	n.ibWriteBw(ctx, t, func(p ibverbsPod, name, netns string, args []string) []string {
+		return podContainer(t, p, name, perftestImage, netns, hosts, args)
+	})
+}
+
+// TestPodmanIbWriteBwCDI runs the pods of TestPodmanIbWriteBw with
+// neither mounts nor environment of their own: each container names the
+// device plugin's CDI device (podman run --device taproce.io/…=all), whose
+// spec, written by the plugin into /var/run/cdi, gives them the node's
+// socket directory and libraries and the environment that points
+// ib_write_bw at them. It needs what TestPodmanIbWriteBw needs.
+func TestPodmanIbWriteBwCDI(t *testing.T) {
+	ctx, n := podmanNode(t)
+	// A kind of the test's own: the machine's CDI directory is shared.
+	p, err := deviceplugin.New(deviceplugin.Config{Resource: "taproce.io/roce-" + testnet.Name(), SocketDir: n.run,
+		Socket: filepath.Base(applianceConfig(t).Socket), LibDir: n.libDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, err := p.WriteCDISpec(deviceplugin.DefaultCDIDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(spec)
+	device := p.Config().Resource + "=" + deviceplugin.CDIDevice
+	n.ibWriteBw(ctx, t, func(pod ibverbsPod, name, netns string, args []string) []string {
+		sc, _ := pod.c["securityContext"].(map[string]any)
+		run := append([]string{"--name", name, "--network", "ns:" + netns, "--device", device,
+			"--user", fmt.Sprintf("%v:%v", sc["runAsUser"], sc["runAsGroup"]), "--cap-drop", "all",
+			"--security-opt", "no-new-privileges", "--read-only"}, podmanLimits...)
+		cmd := pod.cmd
+		if args != nil {
+			cmd = append(Strings(pod.c["command"]), args...)
+		}
+		return append(append(run, perftestImage), cmd...)
+	})
+}
+
+const (
+	taproceImage  = "localhost/taproce:dev"
+	perftestImage = "localhost/taproce-perftest:bookworm"
+)
+
+// podNode is a node of the DaemonSet on this machine: taproce's libraries
+// where the entrypoint installed them (libDir, for the node's
+// /opt/taproce/lib), and a lab whose appliance serves on a socket in run
+// (for the node's /run/taproce), its namespaces the pods' networks.
+type podNode struct {
+	libDir, run string
+	lab         *lab.Lab
+}
+
+// podmanNode builds the images, skips without podman, root or
+// TAPROCE_IMAGE_TEST=1, and makes a node, removed when the test ends.
+func podmanNode(t *testing.T) (context.Context, *podNode) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: podman runs the containers as root here, and the lab's namespaces need root")
 	}
 	if os.Getenv("TAPROCE_IMAGE_TEST") != "1" {
 		t.Skip("set TAPROCE_IMAGE_TEST=1 to build the images and run ib_write_bw in containers (scripts/image, scripts/perftest-image; takes minutes)")
 	}
-	const (
-		taproceImage  = "localhost/taproce:dev"
-		perftestImage = "localhost/taproce-perftest:bookworm"
-	)
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
-	defer cancel()
+	t.Cleanup(cancel)
 	for _, script := range []string{"../scripts/image", "../scripts/perftest-image"} {
 		cmd := exec.CommandContext(ctx, script)
 		cmd.Env = append(os.Environ(), "PATH="+os.Getenv("PATH")+":/usr/local/go/bin")
@@ -176,8 +231,9 @@ func TestPodmanIbWriteBw(t *testing.T) {
 
 	// The node: the DaemonSet's entrypoint installs the libraries.
 	node := t.TempDir()
-	libDir, cniBin, run := filepath.Join(node, "opt/taproce/lib"), filepath.Join(node, "opt/cni/bin"), filepath.Join(node, "run/taproce")
-	for _, d := range []string{libDir, cniBin, run} {
+	n := &podNode{libDir: filepath.Join(node, "opt/taproce/lib"), run: filepath.Join(node, "run/taproce")}
+	cniBin := filepath.Join(node, "opt/cni/bin")
+	for _, d := range []string{n.libDir, cniBin, n.run} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -195,13 +251,13 @@ func TestPodmanIbWriteBw(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, err := podman(ctx, append(append([]string{"run", "--rm", "--network", "none"}, podmanLimits...),
-		"--volume", cfgFile+":/etc/taproce/taproce.toml:ro", "--volume", libDir+":"+entrypointLibDir, "--volume", cniBin+":/host/opt/cni/bin",
+		"--volume", cfgFile+":/etc/taproce/taproce.toml:ro", "--volume", n.libDir+":"+entrypointLibDir, "--volume", cniBin+":/host/opt/cni/bin",
 		taproceImage, "-install-only", "-mode=none", "-config=/etc/taproce/taproce.toml")...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, name := range ibvlib.Names {
-		if err := ibvlib.Check(filepath.Join(libDir, name)); err != nil {
+		if err := ibvlib.Check(filepath.Join(n.libDir, name)); err != nil {
 			t.Fatalf("the entrypoint did not install taproce's %s: %v\n%s", name, err, out)
 		}
 	}
@@ -210,38 +266,48 @@ func TestPodmanIbWriteBw(t *testing.T) {
 	cfg := applianceConfig(t)
 	testnet.RequireRoot(t)
 	prefix := testnet.Name() + "-"
-	l, err := lab.Build(lab.Topology{Prefix: prefix, Hosts: 2, Offload: true, Socket: filepath.Join(run, filepath.Base(cfg.Socket)),
+	l, err := lab.Build(lab.Topology{Prefix: prefix, Hosts: 2, Offload: true, Socket: filepath.Join(n.run, filepath.Base(cfg.Socket)),
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
+	t.Cleanup(func() {
 		if err := l.Close(); err != nil {
 			t.Error(err)
 		}
 		if left, _ := netnsutil.List(prefix); len(left) > 0 {
 			t.Errorf("namespaces left: %v", left)
 		}
-	}()
+	})
 	if err := l.App.Control().Listen(); err != nil {
 		t.Fatal(err)
 	}
 	sctx, stop := context.WithCancel(ctx)
 	served := make(chan error, 1)
 	go func() { served <- l.App.Serve(sctx) }()
-	defer func() { stop(); <-served }()
+	t.Cleanup(func() { stop(); <-served })
+	n.lab = l
+	return ctx, n
+}
 
-	hosts := map[string]string{path.Dir(cfg.Socket): run, NodeLibDir: libDir}
+// ibWriteBw runs ibverbs-example.yaml's server and client pods as
+// containers joining the lab's namespaces, container giving podman
+// run's arguments for each (its name, the namespace, and the client's
+// command line with the server namespace's address for the Service's
+// name); both must exit 0 and the client print perftest's result row
+// with a bandwidth.
+func (n *podNode) ibWriteBw(ctx context.Context, t *testing.T, container func(p ibverbsPod, name, netns string, args []string) []string) {
+	t.Helper()
 	server, client := ibverbsPods(t)
-	srvHost, cliHost := l.Hosts[1], l.Hosts[0]
+	srvHost, cliHost := n.lab.Hosts[1], n.lab.Hosts[0]
 	names := []string{testnet.Name() + "-server", testnet.Name() + "-client"}
 	defer func() {
-		for _, n := range names {
-			_, _ = podman(context.Background(), "rm", "--force", "--ignore", n)
+		for _, name := range names {
+			_, _ = podman(context.Background(), "rm", "--force", "--ignore", name)
 		}
 	}()
-	if _, err := podman(ctx, append([]string{"create"}, podContainer(t, server, names[0], perftestImage, netnsutil.Path(srvHost.Namespace), hosts, nil)...)...); err != nil {
-		t.Fatal(err)
+	if out, err := podman(ctx, append([]string{"create"}, container(server, names[0], netnsutil.Path(srvHost.Namespace), nil)...)...); err != nil {
+		t.Fatalf("%v\n%s", err, out)
 	}
 	if _, err := podman(ctx, "start", names[0]); err != nil {
 		t.Fatal(err)
@@ -263,7 +329,7 @@ func TestPodmanIbWriteBw(t *testing.T) {
 	}
 	args := slices.Clone(Strings(client.c["args"]))
 	args[len(args)-1] = srvHost.KernelAddrs[0].Addr().String()
-	cliOut, cerr := podman(ctx, append([]string{"run"}, podContainer(t, client, names[1], perftestImage, netnsutil.Path(cliHost.Namespace), hosts, args)...)...)
+	cliOut, cerr := podman(ctx, append([]string{"run"}, container(client, names[1], netnsutil.Path(cliHost.Namespace), args)...)...)
 	code, werr := podman(ctx, "wait", names[0])
 	srvOut, _ := podman(ctx, "logs", names[0])
 	if cerr != nil || werr != nil || strings.TrimSpace(code) != "0" {

@@ -84,15 +84,23 @@ func (s *session) run(ctx context.Context, cmd string) (stdout, stderr string, c
 		errc <- result{text, tail, err}
 	}()
 	var o, e result
-	for got := 0; got < 2; {
+	gotOut, gotErr := false, false
+	for !gotOut || !gotErr {
 		select {
 		case o = <-outc:
-			got++
+			gotOut = true
 		case e = <-errc:
-			got++
+			gotErr = true
 		case <-ctx.Done():
+			// The readers end with the ssh process; wait only for the
+			// ones not heard from (one may have sent its mark already).
 			s.close()
-			o, e = <-outc, <-errc
+			if !gotOut {
+				o = <-outc
+			}
+			if !gotErr {
+				e = <-errc
+			}
 			return o.text, e.text, -1, ctx.Err()
 		}
 	}

@@ -31,17 +31,18 @@ type command struct {
 // commands is every subcommand, by name: the one place they are
 // registered.
 var commands = map[string]command{
-	"config":    {"check an appliance configuration file", runConfig},
-	"decode":    {"dissect RoCEv2 frames in pcap/pcapng files and check their ICRC", runDecode},
-	"devices":   {"list the appliance's devices, as ibv_devices does", runDevices},
-	"devinfo":   {"show devices' attributes, as ibv_devinfo does", runDevinfo},
-	"exec":      {"run an unmodified libibverbs program (ibv_*, perftest, UCX, pyverbs) on the appliance's devices", runExec},
-	"lab":       {"build a lab of network namespaces with a taproce port in each and prove it works", runLab},
-	"perf":      {"measure RDMA bandwidth and latency as perftest does (write_bw, send_lat, …), against perftest or taproce", runPerf},
-	"pingpong":  {"ibv_rc_pingpong, ibv_uc_pingpong and ibv_ud_pingpong on the appliance's verbs", runPingpong},
-	"rdma-demo": {"exchange data with RDMA WRITE, READ and FETCH_ADD between two applications and check it (a smoke test)", runRDMADemo},
-	"run":       {"run the appliance daemon: ports, verbs, admin API for the CNI plugin, metrics", runRun},
-	"version":   {"print the version", runVersion},
+	"config":        {"check an appliance configuration file", runConfig},
+	"decode":        {"dissect RoCEv2 frames in pcap/pcapng files and check their ICRC", runDecode},
+	"device-plugin": {"serve the kubelet's device-plugin API for taproce.io/roce, and write its CDI spec", runDevicePlugin},
+	"devices":       {"list the appliance's devices, as ibv_devices does", runDevices},
+	"devinfo":       {"show devices' attributes, as ibv_devinfo does", runDevinfo},
+	"exec":          {"run an unmodified libibverbs program (ibv_*, perftest, UCX, pyverbs) on the appliance's devices", runExec},
+	"lab":           {"build a lab of network namespaces with a taproce port in each and prove it works", runLab},
+	"perf":          {"measure RDMA bandwidth and latency as perftest does (write_bw, send_lat, …), against perftest or taproce", runPerf},
+	"pingpong":      {"ibv_rc_pingpong, ibv_uc_pingpong and ibv_ud_pingpong on the appliance's verbs", runPingpong},
+	"rdma-demo":     {"exchange data with RDMA WRITE, READ and FETCH_ADD between two applications and check it (a smoke test)", runRDMADemo},
+	"run":           {"run the appliance daemon: ports, verbs, admin API for the CNI plugin, metrics", runRun},
+	"version":       {"print the version", runVersion},
 }
 
 // Version is the binary's version when it was set at build time (main's
@@ -81,7 +82,7 @@ func usage(w io.Writer) {
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
+		fmt.Fprintf(w, "  %-13s %s\n", n, commands[n].summary)
 	}
 	fmt.Fprintln(w, "\nRun 'taproce COMMAND -h' for a command's flags.")
 }
