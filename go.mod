@@ -11,6 +11,7 @@ require (
 	github.com/vishvananda/netns v0.0.5
 	golang.org/x/sys v0.49.0
 	google.golang.org/grpc v1.85.0
+	k8s.io/cri-api v0.37.2
 	k8s.io/kubelet v0.37.2
 	tags.cncf.io/container-device-interface/specs-go v1.1.1
 )
@@ -40,4 +41,5 @@ require (
 tool (
 	github.com/containernetworking/plugins/plugins/ipam/host-local
 	github.com/containernetworking/plugins/plugins/main/bridge
+	github.com/containernetworking/plugins/plugins/main/loopback
 )

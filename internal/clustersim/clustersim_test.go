@@ -40,10 +40,13 @@ import (
 )
 
 // The simulated cluster's addresses: each node's pod subnet (its bridge
-// takes .1), and the link between the nodes.
+// takes .1), and the link between the nodes. Nodes 1 and 2 are
+// TestCluster's, 4 and 5 TestCRI's.
 var (
-	podSubnet = [3]netip.Prefix{1: netip.MustParsePrefix("10.89.1.0/24"), 2: netip.MustParsePrefix("10.89.2.0/24")}
-	nodeLink  = [3]netip.Prefix{1: netip.MustParsePrefix("192.168.89.1/30"), 2: netip.MustParsePrefix("192.168.89.2/30")}
+	podSubnet = [6]netip.Prefix{1: netip.MustParsePrefix("10.89.1.0/24"), 2: netip.MustParsePrefix("10.89.2.0/24"),
+		4: netip.MustParsePrefix("10.71.4.0/24"), 5: netip.MustParsePrefix("10.71.5.0/24")}
+	nodeLink = [6]netip.Prefix{1: netip.MustParsePrefix("192.168.89.1/30"), 2: netip.MustParsePrefix("192.168.89.2/30"),
+		4: netip.MustParsePrefix("10.71.0.1/30"), 5: netip.MustParsePrefix("10.71.0.2/30")}
 )
 
 // demoSize is what each application writes into and reads from its peer.
@@ -62,9 +65,9 @@ var (
 	buildErr  error
 )
 
-// binaries builds taproce, taproce-cni, the image's entrypoint and the
-// reference bridge and host-local plugins into a temporary directory,
-// once per test binary. Everyone may run them (the unprivileged
+// binaries builds taproce, taproce-cni, the image's entrypoint, the
+// reference bridge, host-local and loopback plugins and the pod sandbox's
+// pause (TestCRI's) into a temporary directory, once per test binary. Everyone may run them (the unprivileged
 // application does).
 func binaries(t *testing.T) string {
 	t.Helper()
@@ -85,7 +88,9 @@ func binaries(t *testing.T) string {
 			"github.com/taproce/taproce/cni/taproce-cni",
 			"github.com/taproce/taproce/images/entrypoint",
 			"github.com/containernetworking/plugins/plugins/main/bridge",
-			"github.com/containernetworking/plugins/plugins/ipam/host-local")
+			"github.com/containernetworking/plugins/plugins/main/loopback",
+			"github.com/containernetworking/plugins/plugins/ipam/host-local",
+			"github.com/taproce/taproce/internal/clustersim/pause")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("building: %w\n%s", err, out)
@@ -288,6 +293,19 @@ func startInProcess(t *testing.T, nd *node, bins string) (stop func() error) {
 // socket, and a libcni that runs the plugins in bins.
 func useBridgeConflist(t *testing.T, nd *node, bins string) {
 	t.Helper()
+	var err error
+	if nd.list, err = libcni.ConfListFromBytes(bridgeConflist(t, nd)); err != nil {
+		t.Fatal(err)
+	}
+	nd.cni = libcni.NewCNIConfigWithCacheDir([]string{bins}, filepath.Join(nd.dir, "cni-cache"), nil)
+}
+
+// bridgeConflist returns the plain chained conflist of images/ (bridge +
+// host-local, taproce-cni) with the node's pod subnet, host-local's
+// data in the node's directory and the node's admin socket; portmap is
+// left out (no port mappings here, nor iptables).
+func bridgeConflist(t *testing.T, nd *node) []byte {
+	t.Helper()
 	data, err := images.Files.ReadFile("10-taproce-bridge.conflist")
 	if err != nil {
 		t.Fatal(err)
@@ -313,11 +331,8 @@ func useBridgeConflist(t *testing.T, nd *node, bins string) {
 		plugins = append(plugins, m)
 	}
 	list["plugins"] = plugins
-	data, _ = json.Marshal(list)
-	if nd.list, err = libcni.ConfListFromBytes(data); err != nil {
-		t.Fatal(err)
-	}
-	nd.cni = libcni.NewCNIConfigWithCacheDir([]string{bins}, filepath.Join(nd.dir, "cni-cache"), nil)
+	data, _ = json.MarshalIndent(list, "", "  ")
+	return data
 }
 
 // entrypoint is node 2's appliance, run as the DaemonSet runs it.

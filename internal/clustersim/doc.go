@@ -23,7 +23,16 @@
 // connected QPs against the targets (TestMemory). The test binary is
 // itself the verbs client it runs in the pods.
 //
-// The package has no code of its own besides this comment; everything is
-// in its tests. It needs root, /dev/net/tun, iproute2's ip and
-// util-linux's setpriv, and skips without them.
+// cri_test.go (TestCRI) does what the kubelet does with Debian's
+// containerd: two nodes, each with containerd (its CRI plugin, the
+// chained conflist of images/) and an appliance, run Debian's ib_write_bw
+// and ibv_rc_pingpong, unmodified, in pods made through the CRI, whose
+// containers get only what the device plugin's Allocate answers; pods on
+// one node and across the nodes; nothing left after the pods are removed.
+// It needs TAPROCE_IMAGE_TEST=1, containerd, runc and podman (the perftest
+// image); pause/ is its sandbox's program.
+//
+// The package has no code of its own besides this comment and pause/;
+// everything is in its tests. It needs root, /dev/net/tun, iproute2's ip
+// and util-linux's setpriv, and skips without them.
 package clustersim
