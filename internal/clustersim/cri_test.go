@@ -41,6 +41,10 @@ import (
 	"github.com/taproce/taproce/internal/testnet"
 )
 
+// shimDir is where containerd 1.6's shims put their sockets (in s/),
+// whatever containerd's configuration says.
+const shimDir = "/run/containerd"
+
 // The images TestCRI's pods run: the sandbox's, written by the test, and
 // scripts/perftest-image's Debian bookworm with perftest and
 // ibverbs-utils, exported from podman.
@@ -135,6 +139,15 @@ func TestCRI(t *testing.T) {
 	}
 	t.Logf("images and binaries ready in %v", time.Since(t0).Round(time.Millisecond))
 
+	// The shims put their sockets in /run/containerd/s whatever the
+	// configuration says; what they make there goes with them, the
+	// directories when this test made them (empty, or not removed).
+	if _, err := os.Stat(shimDir); errors.Is(err, fs.ErrNotExist) {
+		t.Cleanup(func() {
+			_ = os.Remove(filepath.Join(shimDir, "s"))
+			_ = os.Remove(shimDir)
+		})
+	}
 	step := time.Now()
 	n4, n5 := newNode(t, 4, base), newNode(t, 5, base)
 	link(t, n4, n5)
@@ -202,12 +215,18 @@ func TestCRI(t *testing.T) {
 				p       *criPod
 				metrics string
 			}{{sp, m4}, {cp, m5}} {
+				dev := fmt.Sprintf("device=%q", x.p.device)
 				for _, name := range []string{"taproce_port_rx_frames_total", "taproce_port_tx_frames_total"} {
-					if v := metric(x.metrics, name, fmt.Sprintf("device=%q", x.p.device)); v < 1000 {
+					if v := metric(x.metrics, name, dev); v < 1000 {
 						t.Errorf("pod %s's port %s (node %d): %s %v, want the transfer's frames through its TAP",
 							x.p.name, x.p.device, x.p.node.n, name, v)
 					}
 				}
+				t.Logf("pod %s's port (node %d): frames %v in, %v out; retransmits %v, timeouts %v, NAKs %v, drops %v",
+					x.p.name, x.p.node.n, metric(x.metrics, "taproce_port_rx_frames_total", dev),
+					metric(x.metrics, "taproce_port_tx_frames_total", dev), metric(x.metrics, "taproce_port_retransmits_total", dev),
+					metric(x.metrics, "taproce_port_timeouts_total", dev), metric(x.metrics, "taproce_port_naks_total", dev),
+					metric(x.metrics, "taproce_port_drops_total", dev))
 			}
 		}
 	}
