@@ -81,6 +81,11 @@ const (
 // node, no container or sandbox in containerd, no shim, no process in the
 // pods' cgroups.
 //
+// Outside the test's directory containerd 1.6 uses, whatever its
+// configuration: /var/run/netns (the pods' namespaces, cni-*),
+// /run/containerd/s (the shims' sockets) and /var/lib/cni (libcni's
+// cache); each pod's entries go with it.
+//
 // It needs root, Debian's containerd and runc (scripts/setup installs
 // them), podman and scripts/perftest-image (which makes the perftest
 // image), the C toolchain for taproce's libraries, and
