@@ -1,6 +1,7 @@
 package images
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,8 +13,10 @@ import (
 	"testing"
 
 	"github.com/containernetworking/cni/libcni"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/taproce/taproce/config"
+	"github.com/taproce/taproce/deviceplugin"
 	"github.com/taproce/taproce/internal/perf"
 )
 
@@ -390,10 +393,10 @@ func TestCNIExamples(t *testing.T) {
 
 // TestPerfExample: the example pods run `taproce perf` command lines the
 // command accepts, the client against the server through the headless
-// Service; they mount the socket directory read-only, at the
-// configuration's socket, and need no privileges.
+// Service; they ask for one slot of the device plugin, whose answer
+// mounts the socket directory read-only and names the configuration's
+// socket, mount nothing of the node's themselves, and need no privileges.
 func TestPerfExample(t *testing.T) {
-	cfg := applianceConfig(t)
 	svc := find(t, "Service", "taproce-perf")
 	if Get(svc, "spec", "clusterIP") != "None" {
 		t.Error("the Service is not headless: its name would not resolve to the server's GID")
@@ -424,12 +427,7 @@ func TestPerfExample(t *testing.T) {
 				t.Errorf("the client connects to %s, want %s", pc.Server, want)
 			}
 		}
-		if got, mnt := hostMount(spec, c, path.Dir(cfg.Socket)); got != path.Dir(cfg.Socket) || mnt["readOnly"] != true {
-			t.Errorf("%v mounts %q at %s (%v)", m, got, path.Dir(cfg.Socket), mnt)
-		}
-		if env := Named(c["env"], "TAPROCE_SOCKET"); env != nil && env["value"] != cfg.Socket {
-			t.Errorf("%v: TAPROCE_SOCKET %v, the appliance listens on %s", m, env["value"], cfg.Socket)
-		}
+		checkRocePod(t, m, spec, c)
 		sc, _ := c["securityContext"].(map[string]any)
 		if sc["runAsNonRoot"] != true || sc["allowPrivilegeEscalation"] != false || !slices.Equal(Strings(Get(sc, "capabilities", "drop")), []string{"ALL"}) {
 			t.Errorf("%v: security context %v: an application needs no privileges", m, sc)
@@ -473,12 +471,13 @@ func ibverbsPods(t *testing.T) (server, client ibverbsPod) {
 
 // TestIbverbsExample: the pods run Debian's ib_write_bw itself on the
 // GID of the pod's address, the client with the server's arguments and
-// the headless Service's name; they load taproce's libibverbs.so.1 from
-// the node's directory where the DaemonSet installs it (LD_LIBRARY_PATH
-// names a read-only hostPath mount of NodeLibDir), reach the appliance's
-// socket as the perf pods do, and need no privileges.
+// the headless Service's name; they ask for one slot of the device
+// plugin, whose answer (with the DaemonSet's flags) mounts read-only the
+// node's directory where the DaemonSet installs taproce's libibverbs.so.1
+// and puts it in LD_LIBRARY_PATH, and mounts the appliance's socket as the
+// perf pods get it; they mount nothing of the node's themselves and need
+// no privileges.
 func TestIbverbsExample(t *testing.T) {
-	cfg := applianceConfig(t)
 	svc := find(t, "Service", "taproce-ib-write-bw")
 	if Get(svc, "spec", "clusterIP") != "None" {
 		t.Error("the Service is not headless: its name would not resolve to the server's GID")
@@ -504,23 +503,68 @@ func TestIbverbsExample(t *testing.T) {
 		if len(Get(p.spec, "containers").([]any)) != 1 {
 			t.Errorf("%v: not one container", p.m)
 		}
-		env := Named(p.c["env"], "LD_LIBRARY_PATH")
-		dir, _ := env["value"].(string)
-		got, mnt := hostMount(p.spec, p.c, dir)
-		vol := Named(p.spec["volumes"], fmt.Sprint(mnt["name"]))
-		if dir == "" || got != NodeLibDir || mnt["readOnly"] != true || Get(vol, "hostPath", "type") != "Directory" {
-			t.Errorf("%v: LD_LIBRARY_PATH %q is not a read-only mount of the node's %s (%q, %v)", p.m, dir, NodeLibDir, got, mnt)
-		}
-		if got, mnt := hostMount(p.spec, p.c, path.Dir(cfg.Socket)); got != path.Dir(cfg.Socket) || mnt["readOnly"] != true {
-			t.Errorf("%v mounts %q at %s (%v)", p.m, got, path.Dir(cfg.Socket), mnt)
-		}
-		if env := Named(p.c["env"], "TAPROCE_SOCKET"); env == nil || env["value"] != cfg.Socket {
-			t.Errorf("%v: TAPROCE_SOCKET %v, the appliance listens on %s", p.m, env, cfg.Socket)
-		}
+		checkRocePod(t, p.m, p.spec, p.c)
 		sc, _ := p.c["securityContext"].(map[string]any)
 		if sc["runAsNonRoot"] != true || sc["allowPrivilegeEscalation"] != false || !slices.Equal(Strings(Get(sc, "capabilities", "drop")), []string{"ALL"}) {
 			t.Errorf("%v: security context %v: an application needs no privileges", p.m, sc)
 		}
+	}
+}
+
+// checkRocePod checks that the pod's container c asks for one slot of the
+// device plugin's resource (deviceplugin.DefaultResource) and mounts no
+// hostPath volume and sets no environment of the plugin's itself, and that
+// the plugin, configured as the DaemonSet's device-plugin container flags
+// it (TestDevicePluginContainer), answers with read-only mounts of the
+// appliance's socket directory and NodeLibDir at the node's paths,
+// TAPROCE_SOCKET the configuration's socket and LD_LIBRARY_PATH NodeLibDir.
+func checkRocePod(t *testing.T, m Manifest, spec, c map[string]any) {
+	t.Helper()
+	cfg := applianceConfig(t)
+	limits, _ := Get(c, "resources", "limits").(map[string]any)
+	if q := limits[deviceplugin.DefaultResource]; fmt.Sprint(q) != "1" {
+		t.Errorf("%v: limit %s %v, want 1", m, deviceplugin.DefaultResource, q)
+	}
+	// Kubernetes defaults an extended resource's request to its limit and
+	// refuses a request that differs from it.
+	requests, _ := Get(c, "resources", "requests").(map[string]any)
+	if q, ok := requests[deviceplugin.DefaultResource]; ok && fmt.Sprint(q) != "1" {
+		t.Errorf("%v: request %s %v, want 1 or none", m, deviceplugin.DefaultResource, q)
+	}
+	vols, _ := spec["volumes"].([]any)
+	for _, v := range vols {
+		if Get(v, "hostPath") != nil {
+			t.Errorf("%v: volume %v: the device plugin mounts the node's directories", m, v)
+		}
+	}
+	if spec["volumes"] != nil || c["volumeMounts"] != nil {
+		t.Errorf("%v: volumes %v, mounts %v: the device plugin's answer is all the pod needs", m, spec["volumes"], c["volumeMounts"])
+	}
+	for _, name := range []string{"TAPROCE_SOCKET", "LD_LIBRARY_PATH"} {
+		if env := Named(c["env"], name); env != nil {
+			t.Errorf("%v sets %s %v: the device plugin sets it", m, name, env["value"])
+		}
+	}
+	p, err := deviceplugin.New(deviceplugin.Config{SocketDir: path.Dir(cfg.Socket), Socket: path.Base(cfg.Socket), LibDir: NodeLibDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := p.Allocate(context.Background(), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"roce-0"}}}})
+	if err != nil || len(resp.ContainerResponses) != 1 {
+		t.Fatalf("Allocate: %v %v", resp, err)
+	}
+	a := resp.ContainerResponses[0]
+	if a.Envs["TAPROCE_SOCKET"] != cfg.Socket || a.Envs["LD_LIBRARY_PATH"] != NodeLibDir {
+		t.Errorf("Allocate's environment %v: want TAPROCE_SOCKET=%s, LD_LIBRARY_PATH=%s", a.Envs, cfg.Socket, NodeLibDir)
+	}
+	mounts := map[string]bool{}
+	for _, mnt := range a.Mounts {
+		if mnt.HostPath == mnt.ContainerPath && mnt.ReadOnly {
+			mounts[mnt.HostPath] = true
+		}
+	}
+	if !mounts[path.Dir(cfg.Socket)] || !mounts[NodeLibDir] {
+		t.Errorf("Allocate's mounts %v: want %s and %s read-only at the node's paths", a.Mounts, path.Dir(cfg.Socket), NodeLibDir)
 	}
 }
 
