@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"path"
@@ -14,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/taproce/taproce/deviceplugin"
 	"github.com/taproce/taproce/internal/ibvlib"
@@ -100,21 +103,56 @@ var podmanLimits = []string{"--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4
 
 // podContainer returns podman create's (or run's) arguments for a pod of
 // ibverbs-example.yaml on this machine: in the network namespace at
-// netns, as the pod's user without capabilities, read-only, with the
-// pod's environment and its hostPath mounts taken from the directories
-// hosts gives for the node's paths; then the image and the program's
-// command line, args replacing the manifest's when given.
-func podContainer(t *testing.T, p ibverbsPod, name, image, netns string, hosts map[string]string, args []string) []string {
+// netns, as the pod's user without capabilities, read-only; when the pod
+// asks for the device plugin's resource (deviceplugin.DefaultResource),
+// with the mounts, devices and environment of plugin's Allocate answer,
+// as the kubelet passes them to the runtime (the plugin, configured with
+// this machine's directories for the node's, mounts each at its own
+// path); then with the pod's own environment and its hostPath mounts taken
+// from the directories hosts gives for the node's paths; then the image
+// and the program's command line, args replacing the manifest's when
+// given.
+func podContainer(t *testing.T, p ibverbsPod, name, image, netns string, plugin *deviceplugin.Plugin, hosts map[string]string, args []string) []string {
 	t.Helper()
 	sc, _ := p.c["securityContext"].(map[string]any)
 	run := append([]string{"--name", name, "--network", "ns:" + netns,
 		"--user", fmt.Sprintf("%v:%v", sc["runAsUser"], sc["runAsGroup"]), "--cap-drop", "all",
 		"--security-opt", "no-new-privileges", "--read-only"}, podmanLimits...)
-	for _, e := range p.c["env"].([]any) {
+	limits, _ := Get(p.c, "resources", "limits").(map[string]any)
+	if q, ok := limits[deviceplugin.DefaultResource]; ok {
+		if fmt.Sprint(q) != "1" {
+			t.Fatalf("%v asks for %v %s, this test stands in for one", p.m, q, deviceplugin.DefaultResource)
+		}
+		alloc, err := plugin.Allocate(context.Background(), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{
+			{DevicesIds: []string{"roce-0"}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		edits := alloc.ContainerResponses[0]
+		if len(edits.Envs) == 0 || len(edits.Mounts) == 0 {
+			t.Fatalf("the device plugin's answer: %v", edits)
+		}
+		for _, k := range slices.Sorted(maps.Keys(edits.Envs)) {
+			run = append(run, "--env", k+"="+edits.Envs[k])
+		}
+		for _, m := range edits.Mounts {
+			opt := ""
+			if m.ReadOnly {
+				opt = ":ro"
+			}
+			run = append(run, "--volume", m.HostPath+":"+m.ContainerPath+opt)
+		}
+		for _, d := range edits.Devices {
+			run = append(run, "--device", d.HostPath+":"+d.ContainerPath+":"+d.Permissions)
+		}
+	}
+	envs, _ := p.c["env"].([]any)
+	for _, e := range envs {
 		env := e.(map[string]any)
 		run = append(run, "--env", fmt.Sprintf("%v=%v", env["name"], env["value"]))
 	}
-	for _, vm := range p.c["volumeMounts"].([]any) {
+	mounts, _ := p.c["volumeMounts"].([]any)
+	for _, vm := range mounts {
 		m := vm.(map[string]any)
 		hostPath, _ := Get(Named(p.spec["volumes"], m["name"].(string)), "hostPath", "path").(string)
 		dir, ok := hosts[hostPath]
@@ -143,17 +181,24 @@ func podContainer(t *testing.T, p ibverbsPod, name, image, netns string, hosts m
 // node's /run/taproce) stands for the node's appliance and the two pods'
 // networks; the perftest image (scripts/perftest-image: Debian bookworm,
 // perftest unmodified) runs the server and the client pods' command lines
-// in containers joining those namespaces, with the pods' environment,
-// read-only mounts, user and no capabilities — the client's Service name
+// in containers joining those namespaces, with the pods' user, read-only
+// root and no capabilities and, for their taproce.io/roce, the mounts
+// and environment of the device plugin's Allocate answer (the plugin
+// configured with those two directories) — the client's Service name
 // replaced by the server namespace's address. Both must exit 0 and the
 // client print perftest's result row with a bandwidth. It needs root and
 // TAPROCE_IMAGE_TEST=1 (scripts/image and scripts/perftest-image take
 // minutes the first time).
 func TestPodmanIbWriteBw(t *testing.T) {
 	ctx, n := podmanNode(t)
-	hosts := map[string]string{path.Dir(applianceConfig(t).Socket): n.run, NodeLibDir: n.libDir}
+	cfg := applianceConfig(t)
+	plugin, err := deviceplugin.New(deviceplugin.Config{SocketDir: n.run, Socket: filepath.Base(cfg.Socket), LibDir: n.libDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hosts := map[string]string{path.Dir(cfg.Socket): n.run, NodeLibDir: n.libDir}
 	n.ibWriteBw(ctx, t, func(p ibverbsPod, name, netns string, args []string) []string {
-		return podContainer(t, p, name, perftestImage, netns, hosts, args)
+		return podContainer(t, p, name, perftestImage, netns, plugin, hosts, args)
 	})
 }
 
