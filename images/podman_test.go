@@ -172,6 +172,45 @@ func podContainer(t *testing.T, p ibverbsPod, name, image, netns string, plugin 
 	return append(append(run, image), cmd...)
 }
 
+// TestPodContainer: the podman arguments TestPodmanIbWriteBw gives
+// ibverbs-example.yaml's pods, which ask for taproce.io/roce, are the
+// device plugin's answer — its environment and read-only mounts of the
+// directories standing for the node's — and no mount or environment of
+// the pod's own, then the image and the command line. It runs no podman.
+func TestPodContainer(t *testing.T) {
+	run, lib := t.TempDir(), t.TempDir()
+	plugin, err := deviceplugin.New(deviceplugin.Config{SocketDir: run, Socket: "taproce.sock", LibDir: lib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, client := ibverbsPods(t)
+	for _, p := range []ibverbsPod{server, client} {
+		args := podContainer(t, p, "pod", perftestImage, "/var/run/netns/x", plugin, nil, nil)
+		var envs, volumes []string
+		for i := 0; i+1 < len(args); i++ {
+			switch args[i] {
+			case "--env":
+				envs = append(envs, args[i+1])
+			case "--volume":
+				volumes = append(volumes, args[i+1])
+			}
+		}
+		slices.Sort(envs)
+		slices.Sort(volumes)
+		if want := []string{"LD_LIBRARY_PATH=" + lib, "TAPROCE_SOCKET=" + filepath.Join(run, "taproce.sock")}; !slices.Equal(envs, want) {
+			t.Errorf("%v: environment %v, want %v", p.m, envs, want)
+		}
+		want := []string{run + ":" + run + ":ro", lib + ":" + lib + ":ro"}
+		slices.Sort(want)
+		if !slices.Equal(volumes, want) {
+			t.Errorf("%v: volumes %v, want %v", p.m, volumes, want)
+		}
+		if i := slices.Index(args, perftestImage); i < 0 || !slices.Equal(args[i+1:], p.cmd) {
+			t.Errorf("%v: %v does not end with the image and %v", p.m, args, p.cmd)
+		}
+	}
+}
+
 // TestPodmanIbWriteBw runs ibverbs-example.yaml on this machine with
 // podman, as a node of the DaemonSet would run it: the taproce image's
 // entrypoint (-install-only) installs the image's libibverbs.so.1 and
