@@ -64,8 +64,8 @@ const (
 // `taproce run` with the DaemonSet's configuration, its directories in the
 // node's. A CRI client plays the kubelet: RunPodSandbox, then
 // CreateContainer for ibverbs-example.yaml's pods with their command
-// lines, security context and resources but, instead of their own mounts
-// and environment, those the device plugin's Allocate answers — so the
+// lines, security context and resources and, for their taproce.io/roce,
+// the mounts and environment the device plugin's Allocate answers — so the
 // answer is shown to be enough — StartContainer, wait for the exit, read
 // the log, StopPodSandbox and RemovePodSandbox.
 //
@@ -644,8 +644,7 @@ func (c *criNode) runPodSandbox(t *testing.T, ctx context.Context, name string) 
 // the manifest's container c in the pod, cmd replacing its command line
 // when given. The container asks for one taproce.io/roce slot: its mounts,
 // devices and environment are the device plugin's Allocate answer, as the
-// kubelet passes them on; the manifest's own (hostPath mounts, env) are
-// not used. Its user, read-only root, capabilities, no_new_privs, seccomp
+// kubelet passes them on (the manifest has none of its own). Its user, read-only root, capabilities, no_new_privs, seccomp
 // profile and resources are the manifest's, as the kubelet turns them
 // into the CRI's.
 func (p *criPod) startContainer(t *testing.T, ctx context.Context, c map[string]any, cmd []string) string {
