@@ -101,15 +101,5 @@ func TestDevicePluginCommand(t *testing.T) {
 		t.Errorf("the CDI spec: %v\n%s", err, b)
 	}
 
-	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case c := <-exit:
-		if c != 0 {
-			t.Fatalf("exit status %d after SIGTERM:\n%s", c, stderr.String())
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatalf("taproce device-plugin did not stop on SIGTERM:\n%s", stderr.String())
-	}
+	stopOnSIGTERM(t, exit, &stderr, "device-plugin", 10*time.Second)
 }

@@ -164,17 +164,7 @@ mtu = 4200
 		t.Fatalf("the application in %s: %v\n%s", ns, err, out)
 	}
 
-	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case c := <-exit:
-		if c != 0 {
-			t.Fatalf("exit status %d after SIGTERM:\n%s", c, stderr.String())
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatalf("taproce run did not stop on SIGTERM:\n%s", stderr.String())
-	}
+	stopOnSIGTERM(t, exit, &stderr, "run", 20*time.Second)
 	for _, p := range []string{socket, adminSocket} {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Errorf("%s left behind (%v)", p, err)
@@ -227,5 +217,23 @@ func TestRunCommandLine(t *testing.T) {
 		if code != tt.code || !strings.Contains(errOut, tt.err) {
 			t.Errorf("taproce %v: exit %d, stderr %q; want %d and %q", tt.args, code, errOut, tt.code, tt.err)
 		}
+	}
+}
+
+// stopOnSIGTERM sends this process SIGTERM, which the command running in
+// Main (reporting on exit) must take as its signal to stop: it must exit
+// 0 within wait.
+func stopOnSIGTERM(t *testing.T, exit <-chan int, stderr *syncBuffer, name string, wait time.Duration) {
+	t.Helper()
+	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case c := <-exit:
+		if c != 0 {
+			t.Fatalf("exit status %d after SIGTERM:\n%s", c, stderr.String())
+		}
+	case <-time.After(wait):
+		t.Fatalf("taproce %s did not stop on SIGTERM:\n%s", name, stderr.String())
 	}
 }
