@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/taproce/taproce/appliance/cm"
+	"github.com/taproce/taproce/appliance/poll"
 	"github.com/taproce/taproce/appliance/roce"
 	"github.com/taproce/taproce/appliance/transport"
 	"github.com/taproce/taproce/tap"
@@ -26,21 +27,22 @@ type NIC struct {
 	sw     *Switch
 	tap    func([]byte, *roce.Packet) // the port config's Handler, called first
 
-	lmu    sync.Mutex
-	local  []localItem   // frames from the switch, for this NIC's engine
-	spare  []localItem   // the other half of the double buffer
-	signal chan struct{} // local has items
-	closed bool
-	stop   chan struct{}
-	wg     sync.WaitGroup
-	once   sync.Once
-	ticks  atomic.Uint64 // the tick loop's Tick calls
-	unhold func()        // takes the engine's held acknowledgements off a blocking loop
-	mads   madQueue      // MADs waiting for their destinations' MACs (SendMAD)
-	cm     *cm.Manager   // the port's connection manager, on QP1 (cm.go)
-	cmEv   atomic.Pointer[func(cm.Event)]
-	est    chan uint32 // QPs that executed their first request (commEstablished)
-	netns  uint64      // the inode of the port's namespace, when an Appliance made the NIC
+	lmu     sync.Mutex
+	local   []localItem // frames from the switch, for this NIC's engine
+	spare   []localItem // the other half of the double buffer
+	closed  bool
+	asleep  bool   // the port's blocking loop sleeps without polling local (Arm)
+	unlocal func() // takes pollLocal out of the port's loop
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	once    sync.Once
+	ticks   atomic.Uint64 // the tick loop's Tick calls
+	unhold  func()        // takes the engine's held acknowledgements off a blocking loop
+	mads    madQueue      // MADs waiting for their destinations' MACs (SendMAD)
+	cm      *cm.Manager   // the port's connection manager, on QP1 (cm.go)
+	cmEv    atomic.Pointer[func(cm.Event)]
+	est     chan uint32 // QPs that executed their first request (commEstablished)
+	netns   uint64      // the inode of the port's namespace, when an Appliance made the NIC
 }
 
 // localItem is a batch of frames crossing the local switch; refs, when
@@ -55,7 +57,7 @@ type localItem struct {
 // the local switch to join, nil for none. A Handler in cfg sees every
 // RoCE packet of the port before the engine does.
 func OpenNIC(name string, cfg PortConfig, sw *Switch) (*NIC, error) {
-	n := &NIC{name: name, sw: sw, signal: make(chan struct{}, 1), stop: make(chan struct{}), tap: cfg.Handler}
+	n := &NIC{name: name, sw: sw, stop: make(chan struct{}), tap: cfg.Handler}
 	cfg.Handler = n.receive
 	p, err := OpenPort(cfg)
 	if err != nil {
@@ -71,7 +73,7 @@ func OpenNIC(name string, cfg PortConfig, sw *Switch) (*NIC, error) {
 // NewNIC runs a port and its engine on an existing device (a fake in
 // tests); the NIC owns dev from then on.
 func NewNIC(name string, dev tap.Device, cfg PortConfig, sw *Switch) (*NIC, error) {
-	n := &NIC{name: name, sw: sw, signal: make(chan struct{}, 1), stop: make(chan struct{}), tap: cfg.Handler}
+	n := &NIC{name: name, sw: sw, stop: make(chan struct{}), tap: cfg.Handler}
 	cfg.Handler = n.receive
 	p, err := NewPort(dev, cfg)
 	if err != nil {
@@ -104,12 +106,23 @@ func (n *NIC) start(p *Port) error {
 		// The blocking loop watches the acknowledgements held for company.
 		n.unhold = p.cfg.Loop.AddHold(e.AckDue, e.FlushAcks)
 	}
+	// The local switch's frames are a source of the port's loop, so that
+	// a message between two ports of one loop crosses in its passes, with
+	// no hand-off to another goroutine: one cost 50–250 µs whenever the
+	// runtime had to wake a thread for it (docs/performance-log.md,
+	// local switch).
+	var p0 roce.Packet
+	local := func() bool { return n.pollLocal(e, &p0) }
+	if loop := p.cfg.Loop; loop.Blocking() {
+		n.unlocal = loop.AddSleeper(local, poll.Sleeper{Fd: -1, Arm: n.armLocal, Disarm: n.disarmLocal})
+	} else {
+		n.unlocal = loop.Add(local)
+	}
 	if n.sw != nil {
 		n.sw.join(n)
 	}
-	n.wg.Add(4)
+	n.wg.Add(3)
 	go n.tickLoop(e)
-	go n.localLoop(e)
 	go n.cmLoop()
 	go n.estLoop()
 	return nil
@@ -164,6 +177,15 @@ func (n *NIC) Close() error {
 			n.sw.leave(n)
 		}
 		close(n.stop)
+		n.unlocal()
+		n.lmu.Lock()
+		n.closed = true
+		items := n.local
+		n.local = nil
+		n.lmu.Unlock()
+		for _, it := range items {
+			it.done()
+		}
 		n.mads.close()
 		err = n.port.Close()
 		n.wg.Wait()
@@ -217,57 +239,68 @@ func (n *NIC) timerLoop(plan func() (time.Time, bool), wake <-chan struct{}, tic
 // wait that long, so that a burst of them costs one wakeup.
 const minTickSleep = 50 * time.Microsecond
 
-// localLoop feeds the frames of the local switch to the engine. The
-// queue is unbounded: a sender must never wait for a receiver that might
-// be waiting for it; the senders' windows bound it.
-func (n *NIC) localLoop(e *transport.Engine) {
-	defer n.wg.Done()
-	var p roce.Packet
-	for {
-		select {
-		case <-n.signal:
-		case <-n.stop:
-			n.lmu.Lock()
-			n.closed = true
-			items := n.local
-			n.local = nil
-			n.lmu.Unlock()
-			for _, it := range items {
-				it.done()
-			}
-			return
-		}
-		n.lmu.Lock()
-		items := n.local
-		n.local, n.spare = n.spare[:0], nil
+// pollLocal feeds the frames of the local switch to the engine, on the
+// port's loop; it reports whether there were any. The queue is unbounded:
+// a sender must never wait for a receiver that might be waiting for it;
+// the senders' windows bound it.
+func (n *NIC) pollLocal(e *transport.Engine, p *roce.Packet) bool {
+	n.lmu.Lock()
+	items := n.local
+	if len(items) == 0 {
 		n.lmu.Unlock()
-		held := e.AckDue() != 0
-		for i, it := range items {
-			for j, f := range it.frames {
-				if roce.Parse(f, &p) == nil {
-					var ref []byte
-					if it.refs != nil {
-						ref = it.refs[j]
-					}
-					e.ReceiveLocal(f, &p, ref)
-				}
-			}
-			it.done()
-			items[i] = localItem{}
-		}
-		if loop := n.port.cfg.Loop; !held && e.AckDue() != 0 && loop.Blocking() {
-			// An acknowledgement these frames left waiting for company
-			// (transport.Config.AckDelay) is the blocking loop's to send
-			// (AddHold), and the loop may sleep: a hold begun here, off
-			// its goroutine, would wait for whatever woke it next.
-			loop.Wake()
-		}
-		n.lmu.Lock()
-		if n.spare == nil {
-			n.spare = items[:0]
-		}
-		n.lmu.Unlock()
+		return false
 	}
+	n.local, n.spare = n.spare[:0], nil
+	n.lmu.Unlock()
+	i, j := 0, 0
+	e.ReceiveLocalBatch(p, func(p *roce.Packet) ([]byte, []byte, bool) {
+		for i < len(items) {
+			it := &items[i]
+			if j == len(it.frames) {
+				i, j = i+1, 0
+				continue
+			}
+			f := it.frames[j]
+			var ref []byte
+			if it.refs != nil {
+				ref = it.refs[j]
+			}
+			j++
+			if roce.Parse(f, p) == nil {
+				return f, ref, true
+			}
+		}
+		return nil, nil, false
+	})
+	for i, it := range items {
+		it.done()
+		items[i] = localItem{}
+	}
+	n.lmu.Lock()
+	if n.spare == nil {
+		n.spare = items[:0]
+	}
+	n.lmu.Unlock()
+	return true
+}
+
+// armLocal tells deliver that the port's blocking loop is about to sleep,
+// so that frames arriving meanwhile wake it; it reports false when some
+// are already queued.
+func (n *NIC) armLocal() bool {
+	n.lmu.Lock()
+	defer n.lmu.Unlock()
+	if len(n.local) > 0 {
+		return false
+	}
+	n.asleep = true
+	return true
+}
+
+func (n *NIC) disarmLocal(bool) {
+	n.lmu.Lock()
+	n.asleep = false
+	n.lmu.Unlock()
 }
 
 // nicOutput routes an engine's frames: to a NIC on the local switch, or
@@ -339,10 +372,11 @@ func (n *NIC) deliver(frames, refs [][]byte, done func()) {
 		return
 	}
 	n.local = append(n.local, localItem{frames: frames, refs: refs, done: done})
+	wake := n.asleep
+	n.asleep = false
 	n.lmu.Unlock()
-	select {
-	case n.signal <- struct{}{}:
-	default:
+	if wake {
+		n.port.cfg.Loop.Wake()
 	}
 }
 

@@ -79,7 +79,8 @@ type Loop struct {
 //
 // A source with no Arm is one whose descriptor is the only sign of work
 // (a TAP): after a sleep that found it not readable, the next pass does
-// not poll it.
+// not poll it. A negative Fd is none: such a source's producers wake the
+// loop with Wake once Arm has told them to.
 type Sleeper struct {
 	Fd     int
 	Arm    func() bool
@@ -166,8 +167,9 @@ func (l *Loop) kick() {
 }
 
 // Wake wakes a sleeping blocking loop for work that reached it otherwise
-// than through its sources: a hold (AddHold) begun on another goroutine,
-// which the loop, once awake, watches until it is flushed.
+// than through its sources' descriptors: a hold (AddHold) begun on
+// another goroutine, which the loop, once awake, watches until it is
+// flushed, or the work of a source with no descriptor (Sleeper.Fd < 0).
 func (l *Loop) Wake() { l.kick() }
 
 // Add makes poll part of every pass until remove is called. poll reports

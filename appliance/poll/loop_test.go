@@ -3,6 +3,7 @@ package poll
 import (
 	"context"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -466,6 +467,55 @@ func TestBlockingLoopNoDescriptor(t *testing.T) {
 	d, ms := n.Load()-before, time.Since(start).Milliseconds()
 	if d > 10*(ms+1) {
 		t.Errorf("%d polls in %d ms, want about one a millisecond", d, ms)
+	}
+}
+
+// TestBlockingLoopSleeperWithoutDescriptor: a source with no descriptor
+// (Fd -1, as the local switch's queue of a NIC) lets the loop sleep once
+// Arm agrees — it is not polled every millisecond as a source without a
+// Sleeper is — and its producer's Wake after Arm wakes the loop, which
+// finds the work in its next pass.
+func TestBlockingLoopSleeperWithoutDescriptor(t *testing.T) {
+	l := newBlocking(t)
+	var mu sync.Mutex
+	var queued, armed bool
+	var polls, works atomic.Int64
+	defer l.AddSleeper(func() bool {
+		polls.Add(1)
+		mu.Lock()
+		defer mu.Unlock()
+		if !queued {
+			return false
+		}
+		queued = false
+		works.Add(1)
+		return true
+	}, Sleeper{Fd: -1,
+		Arm: func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			armed = !queued
+			return armed
+		},
+		Disarm: func(bool) { mu.Lock(); armed = false; mu.Unlock() }})()
+	runLoop(t, l)
+	settled(t, "the loop sleeps", &l.pass)
+	before := polls.Load()
+	time.Sleep(20 * time.Millisecond)
+	if d := polls.Load() - before; d != 0 {
+		t.Errorf("polled %d times in 20 ms of sleep", d)
+	}
+	for i := range 3 {
+		mu.Lock()
+		queued = true
+		wake := armed
+		mu.Unlock()
+		if !wake {
+			t.Fatalf("round %d: the loop sleeps unarmed", i)
+		}
+		l.Wake()
+		eventually(t, "the work is found", func() bool { return works.Load() == int64(i+1) })
+		settled(t, "the loop sleeps again", &l.pass)
 	}
 }
 

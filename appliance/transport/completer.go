@@ -8,8 +8,9 @@ import (
 )
 
 // complete handles a response or acknowledgement for the requester side of
-// an RC queue pair (IBA 9.7.5; rxe's completer).
-func (qp *QP) complete(frame []byte, p *roce.Packet) {
+// an RC queue pair (IBA 9.7.5; rxe's completer). ref, when not nil, is the
+// data of a whole READ response from the local switch (respondWhole).
+func (qp *QP) complete(frame []byte, p *roce.Packet, ref []byte) {
 	if qp.cfg.Type != abi.RC || qp.state != abi.QPSRTS && qp.state != abi.QPSSQE {
 		qp.e.stats.dropped.Add(1)
 		return
@@ -82,7 +83,7 @@ func (qp *QP) complete(frame []byte, p *roce.Packet) {
 		}
 	case roce.RCRDMAReadResponseFirst, roce.RCRDMAReadResponseMiddle,
 		roce.RCRDMAReadResponseLast, roce.RCRDMAReadResponseOnly:
-		progress = qp.readResponse(frame, p)
+		progress = qp.readResponse(frame, p, ref)
 	case roce.RCAtomicAcknowledge:
 		progress = qp.atomicAck(p)
 	default:
@@ -188,8 +189,9 @@ func (qp *QP) askAgain(w *sendWQE) {
 // the first missing one; w.resp counts the bytes received without a hole.
 // The rest of a READ is asked for again only when a hole outlives its
 // last response, or a response lands beyond the window. A READ further
-// down the queue fills while an earlier one waits.
-func (qp *QP) readResponse(frame []byte, p *roce.Packet) bool {
+// down the queue fills while an earlier one waits. ref is complete's: the
+// data of every packet from this PSN on, in the responder's memory.
+func (qp *QP) readResponse(frame []byte, p *roce.Packet, ref []byte) bool {
 	psn := p.BTH.PSN
 	w := qp.findResponder(psn, false)
 	if w == nil {
@@ -209,16 +211,28 @@ func (qp *QP) readResponse(frame []byte, p *roce.Packet) bool {
 		}
 		return false
 	}
+	if ref != nil && d != 0 {
+		// A whole response is placed only in order (the local switch
+		// keeps it): this one overtook nothing that can still come.
+		qp.askAgain(w)
+		return false
+	}
 	if d > 0 && w.ahead&(1<<(d-1)) != 0 {
 		qp.e.stats.dupResponses.Add(1) // placed ahead already
 		return false
 	}
 	off := uint32(psn.Diff(w.firstPSN)) * pmtu
-	n := uint32(p.PayloadLen)
+	data := p.Payload(frame)
+	if ref != nil {
+		data = ref
+	}
+	n := uint32(len(data))
 	last := p.Info().Has(roce.Last) || p.Info().Has(roce.Only)
 	// Every packet but the one that ends the READ is full; a LAST or ONLY
-	// that is not the end closes one of the pieces it was asked for in.
-	if off+n > w.length || off+n < w.length && n != pmtu || off+n == w.length && !last {
+	// that is not the end closes one of the pieces it was asked for in. A
+	// whole response is the packets of a piece together, in order.
+	if off+n > w.length || off+n < w.length && n%pmtu != 0 || off+n == w.length && !last ||
+		ref == nil && off+n < w.length && n != pmtu {
 		qp.toError(abi.WCBadRespErr, true)
 		return false
 	}
@@ -226,7 +240,7 @@ func (qp *QP) readResponse(frame []byte, p *roce.Packet) bool {
 		qp.toError(abi.WCLocProtErr, true)
 		return false
 	}
-	qp.scratch.copyIn(p.Payload(frame), off)
+	qp.scratch.copyIn(data, off)
 	if d > 0 {
 		w.ahead |= 1 << (d - 1)
 		if last {
@@ -245,7 +259,7 @@ func (qp *QP) readResponse(frame []byte, p *roce.Packet) bool {
 	// Keep two pieces asked for ahead of what has come. While the send
 	// queue is held at this READ, drive does that.
 	held := qp.sqNext < qp.sqTl && &qp.sq[qp.sqNext%uint64(len(qp.sq))] == w
-	if !w.filled && !held && w.reqEnd < w.length && w.reqEnd <= w.resp+readChunk*pmtu*uint32(qp.piecesAhead()-1) {
+	if !w.filled && !held && w.reqEnd < w.length && w.reqEnd <= w.resp+qp.readPiece()*uint32(qp.piecesAhead()-1) {
 		qp.sendReadRange(w, w.reqEnd)
 	}
 	// The responder executes in order: everything before this READ is

@@ -87,3 +87,53 @@ func TestLocalWholeMessageNotKeptAside(t *testing.T) {
 		t.Error("the messages arrived with other bytes")
 	}
 }
+
+// TestLocalWholeRead: a READ from a responder on the local switch is one
+// request for all its bytes and one READ RESPONSE ONLY that refers to the
+// responder's memory and stands for all its PSNs (respondWhole); the
+// requester places it across a scatter list of two entries, reads after
+// it in flight together fill in order, and a WRITE behind them uses the
+// PSN after the READs' last: the responder executes it.
+func TestLocalWholeRead(t *testing.T) {
+	s := newLocalSim(t, 1500) // path MTU 1024: a READ of 100000 bytes is 98 packets
+	c := s.connect(connOpts{retry: 7, rnr: 7})
+	const n, size = 3, 100000
+	for i := range c.bufb[:n*size] {
+		c.bufb[i] = byte(i*13 + i/size)
+	}
+	const dst = 512 << 10 // A's buffers, after room for the WRITE's source
+	var wrs []SendWR
+	for i := range n {
+		// Two scatter entries, the first not a multiple of the path MTU.
+		off := dst + i*size
+		wrs = append(wrs, SendWR{ID: uint64(i), Opcode: abi.WRRDMARead, Flags: abi.SendSignaled,
+			SGL:        []SGE{sge(c.mra, off, 30001)[0], sge(c.mra, off+30001, size-30001)[0]},
+			RemoteAddr: base + uint64(i*size), RKey: c.mrb.RKey})
+	}
+	copy(c.bufa[:8], "written!")
+	wrs = append(wrs, SendWR{ID: 9, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, SGL: sge(c.mra, 0, 8),
+		RemoteAddr: base + 900000, RKey: c.mrb.RKey})
+	_, err := c.qa.PostSend(wrs)
+	must(t, err)
+	var wcs []WC
+	s.run(10000, func() bool { wcs = append(wcs, poll(c.cqa)...); return len(wcs) == n+1 })
+	for i, wc := range wcs {
+		if wc.Status != abi.WCSuccess || wc.ID != wrs[i].ID {
+			t.Fatalf("completion %d: %+v (%v), want %d successful", i, wc, wc.Status, wrs[i].ID)
+		}
+	}
+	if !bytes.Equal(c.bufa[dst:dst+n*size], c.bufb[:n*size]) {
+		t.Error("the READs placed other bytes")
+	}
+	if string(c.bufb[900000:900008]) != "written!" {
+		t.Errorf("the WRITE after the READs did not land: %q", c.bufb[900000:900008])
+	}
+	// A: three READ requests and a WRITE; B: three responses and an ACK.
+	sa, sb := s.a.eng.Stats(), s.b.eng.Stats()
+	if sa.Sent != n+1 || sb.Sent != n+1 {
+		t.Errorf("frames sent: A %d, B %d; want %d each", sa.Sent, sb.Sent, n+1)
+	}
+	if sa.Retransmits != 0 || sa.Dropped != 0 || sb.Dropped != 0 || sb.DuplicateRequests != 0 {
+		t.Errorf("A %+v\nB %+v", sa, sb)
+	}
+}

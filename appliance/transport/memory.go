@@ -153,14 +153,22 @@ func (mr *MR) slice(va uint64, n uint32) ([]byte, bool) {
 // (IBA 10.6.3.2, 9.7.4.1.6: key valid, PD matches, range inside, access
 // allowed) and returns the bytes. A zero-length access checks nothing.
 func (m *Memory) remote(pd *PD, rkey uint32, va uint64, n uint32, need abi.Access) ([]byte, bool) {
+	b, _, ok := m.remoteMR(pd, rkey, va, n, need)
+	return b, ok
+}
+
+// remoteMR is remote, with the region the bytes are in (nil for a
+// zero-length access).
+func (m *Memory) remoteMR(pd *PD, rkey uint32, va uint64, n uint32, need abi.Access) ([]byte, *MR, bool) {
 	if n == 0 {
-		return nil, true
+		return nil, nil, true
 	}
 	mr := m.lookup(rkey)
 	if mr == nil || mr.PD != pd || mr.RKey != rkey || mr.invalid || mr.Access&need != need {
-		return nil, false
+		return nil, nil, false
 	}
-	return mr.slice(va, n)
+	b, ok := mr.slice(va, n)
+	return b, mr, ok
 }
 
 // local checks an SGE for a QP of pd, with local write when the transport

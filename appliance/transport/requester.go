@@ -29,6 +29,21 @@ const (
 // never a duplicate that runs on into PSNs it has not seen.
 const readChunk = 64
 
+// localReadPiece is how many bytes one READ request asks for when the
+// responder is on the local switch (a multiple of every path MTU): the
+// whole READ up to 1 GiB, answered by one frame that refers to the
+// responder's memory (respondWhole), so that the data is copied once,
+// straight into the requester's buffer.
+const localReadPiece = 1 << 30
+
+// readPiece is how many bytes one READ request asks for at most.
+func (qp *QP) readPiece() uint32 {
+	if qp.local {
+		return localReadPiece
+	}
+	return readChunk * uint32(qp.pmtu)
+}
+
 // buildAndSend encodes p into the next transmit buffer, with n payload
 // bytes taken from src at offset off (or from inline bytes), and queues it.
 func (qp *QP) buildAndSend(p *roce.Packet, src *sgl, inline []byte, off, n uint32) {
@@ -160,7 +175,7 @@ func (qp *QP) sendRC(w *sendWQE) bool {
 		return false
 	}
 	if op == abi.WRRDMARead {
-		chunk := uint32(readChunk) * pmtu
+		chunk := qp.readPiece()
 		if !w.filled && (w.reqEnd < w.length || !w.asked) && w.reqEnd <= w.resp+chunk*uint32(qp.piecesAhead()-1) {
 			qp.sendReadRange(w, w.reqEnd)
 		}
@@ -321,7 +336,7 @@ func (qp *QP) piecesAhead() int {
 // done, so its pieces asked for again are always among the latest
 // requests the responder remembers.
 func (qp *QP) rdAtomicCost(w *sendWQE) int {
-	if w.wr.Opcode == abi.WRRDMARead && w.length > readChunk*uint32(qp.pmtu) {
+	if w.wr.Opcode == abi.WRRDMARead && w.length > qp.readPiece() {
 		return max(int(qp.attr.MaxRdAtomic), 1)
 	}
 	return 1
@@ -334,11 +349,11 @@ func (qp *QP) rdAtomicRoom(w *sendWQE) bool {
 }
 
 // sendReadRange sends a READ request for w's data from byte off (a
-// multiple of the path MTU) to the next grid line of readChunk packets,
+// multiple of the path MTU) to the next grid line of pieces (readPiece),
 // and records how far w has been asked for.
 func (qp *QP) sendReadRange(w *sendWQE, off uint32) {
 	pmtu := uint32(qp.pmtu)
-	chunk := readChunk * pmtu
+	chunk := qp.readPiece()
 	end := min(w.length, (off/chunk+1)*chunk)
 	n := end - off
 	p := &qp.tmpl

@@ -479,7 +479,7 @@ func (qp *QP) read(p *roce.Packet, psn roce.PSN, fresh bool) bool {
 		return false
 	}
 	length := p.RETH.DMALen
-	buf, ok := qp.e.mem.remote(qp.cfg.PD, p.RETH.RKey, p.RETH.VA, length, abi.AccessRemoteRead)
+	buf, mr, ok := qp.e.mem.remoteMR(qp.cfg.PD, p.RETH.RKey, p.RETH.VA, length, abi.AccessRemoteRead)
 	if !ok {
 		if fresh {
 			qp.nak(roce.NAKRemoteAccessError)
@@ -496,6 +496,10 @@ func (qp *QP) read(p *roce.Packet, psn roce.PSN, fresh bool) bool {
 	r := &qp.tmpl
 	r.BTH.AckReq, r.BTH.SolicitedEvent = false, false
 	r.AETH = roce.AETHFields{Syndrome: roce.SyndromeACK | roce.CreditInvalid, MSN: qp.msn & 0xFFFFFF}
+	if qp.local && n > 1 {
+		qp.respondWhole(r, psn, buf, mr)
+		return true
+	}
 	var src sgl
 	src.segs = append(qp.scratch.segs[:0], buf)
 	src.total = length
@@ -517,6 +521,31 @@ func (qp *QP) read(p *roce.Packet, psn roce.PSN, fresh bool) bool {
 	}
 	qp.scratch.segs = src.segs[:0]
 	return true
+}
+
+// respondWhole answers a READ from a requester on the local switch with
+// one frame: READ RESPONSE ONLY with the request's first PSN, standing for
+// the packets of all its PSNs, and the data left where it is, in mr
+// (Batch.Refs), which stays pinned until the frame is delivered. The
+// requester copies it once, into its buffer.
+func (qp *QP) respondWhole(r *roce.Packet, psn roce.PSN, data []byte, mr *MR) {
+	e := qp.e
+	r.BTH.Opcode, r.BTH.PSN = roce.RCRDMAReadResponseOnly, psn
+	e.flush() // the frame travels alone, so the output can route its batch whole
+	b := e.frame()
+	r.SetPayloadLen(0)
+	if !r.IPv6 {
+		e.ipID++
+		r.ID = e.ipID
+	}
+	m, err := r.Encode(b)
+	if err != nil {
+		e.unframe()
+		e.stats.dropped.Add(1)
+		return
+	}
+	e.emitRef(m, data, mr)
+	e.flush()
 }
 
 // atomic executes CMP_SWAP or FETCH_ADD (IBA 9.4.5) and answers with the
