@@ -13,15 +13,15 @@ import (
 	"github.com/taproce/taproce/verbs/abi"
 )
 
-// TestLocalSwitchHeldAck: on the local switch, the acknowledgement of a
-// SEND that a port's transport holds back for company (AckDelay) goes out
-// on time although the appliance's blocking loop sleeps: the NIC's local
-// loop, which received the SEND off the blocking loop's goroutine, wakes
-// it to watch the hold. It used to wait for whatever woke the loop next —
-// with nothing else to do, the sender's local ACK timeout (here about
-// 2 s), whose retransmission drew the acknowledgement again; an rdma_cm
-// connection whose receiver answered with an RNR NAK took that long for
-// each message after it.
+// TestLocalSwitchHeldAck: on the local switch, a SEND posted off the
+// appliance's blocking loop (here by the test's goroutine) while the loop
+// sleeps wakes it — the receiving NIC's queue is a source of the loop
+// without a descriptor, whose deliveries Wake it — and its acknowledgement
+// goes out at once (none towards the local switch waits for company). It
+// once waited for whatever woke the loop next — with nothing else to do,
+// the sender's local ACK timeout (here about 2 s), whose retransmission
+// drew the acknowledgement again; an rdma_cm connection whose receiver
+// answered with an RNR NAK took that long for each message after it.
 func TestLocalSwitchHeldAck(t *testing.T) {
 	app, err := New(Options{Socket: filepath.Join(t.TempDir(), "s"), Poll: PollBlock, LocalSwitch: true,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})

@@ -11,8 +11,9 @@ import (
 
 // TestAckReqStream: a message asks for an acknowledgement (BTH AckReq) at
 // its last packet only when no other SEND or WRITE is posted behind it,
-// and any packet does after maxPktsPerAck packets without one; the
-// responder then acknowledges a stream once per maxPktsPerAck packets and
+// and any packet does after ackEvery packets without one (ackBytes of
+// the path MTU's 1024-byte packets); the responder then acknowledges a
+// stream once per ackEvery packets and
 // at its end, and every message still completes, in order. A READ or an
 // atomic behind a message makes it ask, as does the last message of each
 // post.
@@ -36,6 +37,7 @@ func TestAckReqStream(t *testing.T) {
 		}
 		return wrs
 	}
+	const every = ackBytes / 1024 // ackEvery at connOpts' path MTU
 	for _, c := range []struct {
 		name string
 		// posts are posted one after the other, each as one PostSend.
@@ -48,8 +50,8 @@ func TestAckReqStream(t *testing.T) {
 		{"one write", [][]SendWR{{write(1)}}, []bool{true}, 1},
 		{"eight writes in one post", [][]SendWR{writes(1, 8)}, []bool{false, false, false, false, false, false, false, true}, 1},
 		{"two posts of two", [][]SendWR{writes(1, 2), writes(3, 2)}, []bool{false, true, false, true}, 2},
-		{"a stream longer than maxPktsPerAck", [][]SendWR{writes(1, maxPktsPerAck+3)},
-			append(append(make([]bool, maxPktsPerAck-1), true), false, false, true), 2},
+		{"a stream longer than ackEvery", [][]SendWR{writes(1, every+3)},
+			append(append(make([]bool, every-1), true), false, false, true), 2},
 		{"a write before a read", [][]SendWR{{write(1), read(2)}}, []bool{true, true}, 1},
 		{"a write before an atomic", [][]SendWR{{write(1), fadd(2)}}, []bool{true, true}, 1},
 	} {

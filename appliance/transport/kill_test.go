@@ -221,9 +221,9 @@ func TestKillNAKOnce(t *testing.T) {
 		inflight int // request packets in flight at the kill
 		lost     int // NAKs the network loses
 	}{
-		{"WRITEs", abi.WRRDMAWrite, 16384, maxInflight, 0},
+		{"WRITEs", abi.WRRDMAWrite, 16384, inflightBytes / 1024, 0},
 		{"READs", abi.WRRDMARead, 4096, 16, 0},
-		{"WRITEs, the NAK lost", abi.WRRDMAWrite, 16384, maxInflight, 1},
+		{"WRITEs, the NAK lost", abi.WRRDMAWrite, 16384, inflightBytes / 1024, 1},
 		{"READs, the NAK lost", abi.WRRDMARead, 4096, 16, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

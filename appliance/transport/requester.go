@@ -5,14 +5,33 @@ import (
 	"github.com/taproce/taproce/verbs/abi"
 )
 
-// maxInflight bounds the packets a QP has sent and not yet seen
-// acknowledged; maxPktsPerAck makes the requester ask for an
-// acknowledgement at least this often within a long message (rxe:
-// RXE_MAX_PKT_PER_ACK).
+// A QP's window bounds the packets it has sent and not yet seen
+// acknowledged, and it asks for an acknowledgement at least every ackEvery
+// packets within a long message (rxe: RXE_MAX_PKT_PER_ACK). Both are set
+// in bytes — inflightBytes and ackBytes of payload, at least maxInflight
+// and maxPktsPerAck packets — so that a path MTU of 1024 keeps as much in
+// flight as one of 4096 and asks as seldom: in packets, the 1024-byte path
+// of an MTU 1500 network stalled on its window a quarter as full, and
+// wrote four times the acknowledgements (BenchmarkLabWrite64K/mtu1500:
+// write_bw 0.79–0.92× TCP with 128 and 32 packets, 0.93–1.10× in bytes;
+// docs/performance-log.md, window in bytes).
 const (
 	maxInflight   = 128
 	maxPktsPerAck = 32
+	inflightBytes = maxInflight * 4096
+	ackBytes      = maxPktsPerAck * 4096
 )
+
+// window returns how many packets qp may have unacknowledged. Towards the
+// local switch too: there a whole message is one frame, and 1 MiB WRITEs
+// in flight sixteen at a time, not one, moved at half the speed
+// (BenchmarkLabSpeed's local-write, 9.1–9.5 against 19–22 GB/s): their
+// buffers no longer stay in the cache.
+func (qp *QP) window() int { return max(maxInflight, inflightBytes/max(qp.pmtu, 1)) }
+
+// ackEvery returns how many packets of a long message qp sends before one
+// asks for an acknowledgement.
+func (qp *QP) ackEvery() int { return max(maxPktsPerAck, ackBytes/max(qp.pmtu, 1)) }
 
 // readChunk is the most packets one READ request asks for. A longer READ
 // is asked for in pieces with consecutive PSNs, two pieces ahead of what
@@ -99,7 +118,7 @@ func (qp *QP) drive() {
 		if qp.sq[qp.sqNext%uint64(len(qp.sq))].fail != 0 {
 			break
 		}
-		if qp.cfg.Type == abi.RC && qp.inflight() >= maxInflight {
+		if qp.cfg.Type == abi.RC && qp.inflight() >= qp.window() {
 			break
 		}
 		w := &qp.sq[qp.sqNext%uint64(len(qp.sq))]
@@ -210,7 +229,7 @@ func (qp *QP) sendRC(w *sendWQE) bool {
 		return qp.sendWhole(w, p)
 	}
 	for {
-		if qp.cfg.Type == abi.RC && qp.inflight() >= maxInflight {
+		if qp.cfg.Type == abi.RC && qp.inflight() >= qp.window() {
 			return false
 		}
 		off := qp.reqOff
@@ -233,7 +252,7 @@ func (qp *QP) sendRC(w *sendWQE) bool {
 		}
 		p.BTH.SolicitedEvent = last && w.wr.Flags&abi.SendSolicited != 0
 		qp.noAckPkts++
-		p.BTH.AckReq = qp.cfg.Type == abi.RC && (last && qp.lastAsksAck() || qp.noAckPkts >= maxPktsPerAck)
+		p.BTH.AckReq = qp.cfg.Type == abi.RC && (last && qp.lastAsksAck() || qp.noAckPkts >= qp.ackEvery())
 		if p.BTH.AckReq {
 			qp.noAckPkts = 0
 		}
@@ -256,7 +275,7 @@ func (qp *QP) sendRC(w *sendWQE) bool {
 // The responder executes it as the packets would be and acknowledges its
 // last PSN.
 func (qp *QP) sendWhole(w *sendWQE, p *roce.Packet) bool {
-	if qp.inflight() >= maxInflight {
+	if qp.inflight() >= qp.window() {
 		return false
 	}
 	op := w.wr.Opcode
@@ -370,7 +389,7 @@ func (qp *QP) sendReadRange(w *sendWQE, off uint32) {
 // another SEND or WRITE is already posted behind it: that message's
 // acknowledgement covers this one too (an ACK acknowledges every earlier
 // PSN, IBA 9.7.5.1), so a stream of messages is acknowledged every
-// maxPktsPerAck packets and at its end rather than once per message, and
+// ackEvery packets and at its end rather than once per message, and
 // the responder writes, and the requester reads, that many fewer frames.
 // A READ or atomic behind it may wait for credits (max_rd_atomic)
 // before it goes, and a WQE already failed completes only once this one

@@ -453,8 +453,11 @@ func (qp *QP) sendOrWrite(frame []byte, p *roce.Packet, ref []byte) {
 	}
 	if qp.cfg.Type == abi.RC {
 		// The acknowledgement of a message that completed a receive may
-		// wait for the answer its client may post (Config.AckDelay).
-		mayWait := last && needRecv
+		// wait for the answer its client may post (Config.AckDelay) —
+		// not towards the local switch, where it costs no write, and
+		// waiting keeps a blocking loop polling on a core the clients
+		// need.
+		mayWait := last && needRecv && !qp.local
 		if npkts > 1 {
 			qp.queueAck(p.BTH.PSN.Add(npkts-1), roce.SyndromeACK|roce.CreditInvalid, mayWait)
 		} else if p.BTH.AckReq {

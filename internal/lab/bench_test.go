@@ -207,13 +207,19 @@ func buildBatch(b *testing.B, src, dst roce.MAC, srcIP, dstIP netip.Addr) [][]by
 }
 
 // BenchmarkLabWrite64K compares RDMA WRITE of 64 KiB messages between two
-// lab namespaces' ports (TAP → bridge → veth → bridge → TAP, super-frames,
-// MTU 9000, path MTU 4096) with TCP between the same namespaces' kernels
-// over the same veth, measured in the same run. Metrics: MB/s of each and
-// rdma/tcp, the ratio.
+// lab namespaces' ports (TAP → bridge → veth → bridge → TAP, super-frames)
+// with TCP between the same namespaces' kernels over the same veth,
+// measured in the same run, at MTU 9000 (path MTU 4096) and at MTU 1500
+// (path MTU 1024). Metrics: MB/s of each and rdma/tcp, the ratio.
 func BenchmarkLabWrite64K(b *testing.B) {
+	for _, mtu := range []int{9000, 1500} {
+		b.Run(fmt.Sprintf("mtu%d", mtu), func(b *testing.B) { labWrite64K(b, mtu) })
+	}
+}
+
+func labWrite64K(b *testing.B, mtu int) {
 	testnet.RequireRoot(b)
-	l, err := Build(Topology{Prefix: testnet.Name() + "-", Hosts: 2, MTU: 9000, Offload: true})
+	l, err := Build(Topology{Prefix: testnet.Name() + "-", Hosts: 2, MTU: mtu, Offload: true})
 	if err != nil {
 		b.Fatal(err)
 	}

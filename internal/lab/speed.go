@@ -51,6 +51,15 @@ type SpeedOptions struct {
 	// 256 MiB in one lab on 2 cores gave 1.2 to 2.6 GB/s, where
 	// write_bw's 20000 iterations stayed within ±7 %.
 	BWIters, LatIters, TCPBytes, TCPRuns, RawRounds int
+	// MTU of the lab's veths, bridges and TAPs (default 9000).
+	MTU int
+	// Local measures the local switch too, in a second lab of the same
+	// configuration whose ports cross in memory (config local_switch):
+	// send_lat and the events ping-pong as on the TAP path, and RDMA
+	// WRITE and READ of 1 MiB (LocalIters of each, default 2000) next to
+	// a copy of 1 MiB in this process.
+	Local      bool
+	LocalIters int
 }
 
 // SpeedResult is what Speed measured, every figure next to its baseline
@@ -84,6 +93,16 @@ type SpeedResult struct {
 	Procs int
 	// CPUs is the processors the appliance ran on ("": all).
 	CPUs string
+	// MTU is the lab's.
+	MTU int
+
+	// The local switch's figures (SpeedOptions.Local; 0 when not
+	// measured): LocalSendLat and LocalEvents as SendLat and Events;
+	// LocalWrite and LocalRead `taproce perf write_bw` and `read_bw` of
+	// 1 MiB, Memcpy a copy of 1 MiB between two buffers of this process,
+	// in bytes per second.
+	LocalSendLat, LocalEvents     time.Duration
+	LocalWrite, LocalRead, Memcpy float64
 }
 
 // BWRatio is WriteBW over TCP.
@@ -102,11 +121,26 @@ func (r *SpeedResult) LibLatRatio() float64 { return float64(r.LibSendLat) / flo
 // EventsRatio is Events over Raw.
 func (r *SpeedResult) EventsRatio() float64 { return float64(r.Events) / float64(r.Raw) }
 
-// Speed builds a two-host lab (MTU 9000, super-frames) whose appliance
+// LocalLatRatio is LocalSendLat over SendLat: a message between two
+// clients of one appliance against one through the TAPs (target ≤ 0.5).
+func (r *SpeedResult) LocalLatRatio() float64 { return float64(r.LocalSendLat) / float64(r.SendLat) }
+
+// LocalEventsRatio is LocalEvents over Events (target ≤ 1.0: no worse
+// than the TAP path).
+func (r *SpeedResult) LocalEventsRatio() float64 { return float64(r.LocalEvents) / float64(r.Events) }
+
+// LocalWriteRatio is LocalWrite over Memcpy (target ≥ 0.8).
+func (r *SpeedResult) LocalWriteRatio() float64 { return r.LocalWrite / r.Memcpy }
+
+// LocalReadRatio is LocalRead over LocalWrite (target ≥ 0.8).
+func (r *SpeedResult) LocalReadRatio() float64 { return r.LocalRead / r.LocalWrite }
+
+// Speed builds a two-host lab (MTU o.MTU, super-frames) whose appliance
 // waits as o.Poll says, and measures its TAP path against baselines taken
 // in the same run: RDMA WRITE bandwidth against TCP over the same veth,
 // and SEND latency — polled, and waited for on completion events —
-// against a raw frame ping-pong between two TAPs.
+// against a raw frame ping-pong between two TAPs. With o.Local it then
+// measures the local switch in a second lab (see SpeedOptions.Local).
 func Speed(ctx context.Context, o SpeedOptions) (*SpeedResult, error) {
 	if o.Prefix == "" {
 		o.Prefix = DefaultPrefix
@@ -126,14 +160,65 @@ func Speed(ctx context.Context, o SpeedOptions) (*SpeedResult, error) {
 	if o.RawRounds == 0 {
 		o.RawRounds = 20000
 	}
+	if o.MTU == 0 {
+		o.MTU = 9000
+	}
+	if o.LocalIters == 0 {
+		o.LocalIters = 2000
+	}
+	res := &SpeedResult{Poll: o.Poll, RawSpin: o.Poll.Linger() != 0, CPUs: o.CPUs, MTU: o.MTU}
+	if err := speedTAP(ctx, o, res); err != nil {
+		return nil, err
+	}
+	if o.Local {
+		if err := speedLocal(ctx, o, res); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+// speedLab builds Speed's lab, with the local switch or without.
+func speedLab(o SpeedOptions, local bool) (*Lab, error) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	l, err := Build(Topology{Prefix: o.Prefix, Hosts: 2, MTU: 9000, Offload: true, Poll: o.Poll, Procs: o.Procs, CPUs: o.CPUs, Socket: o.Socket, Logger: quiet})
+	return Build(Topology{Prefix: o.Prefix, Hosts: 2, MTU: o.MTU, Offload: true, Poll: o.Poll, Procs: o.Procs, CPUs: o.CPUs,
+		Socket: o.Socket, LocalSwitch: local, Logger: quiet})
+}
+
+// serveClients places the appliance of l as its poll mode says and
+// serves its control socket until the returned stop is called.
+func serveClients(ctx context.Context, l *Lab) (stop func(), err error) {
+	restore, err := l.appPlace()
 	if err != nil {
 		return nil, err
 	}
+	if err := l.App.Control().Listen(); err != nil {
+		restore()
+		return nil, fmt.Errorf("lab: control socket: %w", err)
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- l.App.Serve(sctx) }()
+	return func() { cancel(); <-done; restore() }, nil
+}
+
+// perfOne runs one `taproce perf` test between l's first two hosts.
+func (l *Lab) perfOne(ctx context.Context, binary, test string, size, iters int) (perfRow, error) {
+	row := l.perfPair(ctx, binary, perfRun{test, size, iters})
+	if !row.ok {
+		return row, fmt.Errorf("lab: perf %s: %s", test, row.detail)
+	}
+	return row, nil
+}
+
+// speedTAP is Speed's measurement of the TAP path.
+func speedTAP(ctx context.Context, o SpeedOptions, res *SpeedResult) error {
+	l, err := speedLab(o, false)
+	if err != nil {
+		return err
+	}
 	defer l.Close()
 	a, b := l.Hosts[0], l.Hosts[1]
-	res := &SpeedResult{Poll: o.Poll, RawSpin: o.Poll.Linger() != 0, CPUs: o.CPUs}
 
 	// While the baselines run, the appliance's polling loop naps, so that
 	// it takes no core from them.
@@ -148,7 +233,7 @@ func Speed(ctx context.Context, o SpeedOptions) (*SpeedResult, error) {
 	tcp := make([]float64, o.TCPRuns)
 	for i := range tcp {
 		if tcp[i], err = TCPThroughput(a, b, o.TCPBytes); err != nil {
-			return nil, fmt.Errorf("lab: TCP baseline: %w", err)
+			return fmt.Errorf("lab: TCP baseline: %w", err)
 		}
 	}
 	slices.Sort(tcp)
@@ -158,31 +243,17 @@ func Speed(ctx context.Context, o SpeedOptions) (*SpeedResult, error) {
 		spin = -1
 	}
 	if res.Raw, err = RawPingPong(a, b, o.RawRounds, spin); err != nil {
-		return nil, err
+		return err
 	}
 	rest(false)
 
 	// The baselines above had all the processors.
-	restore, err := l.appPlace()
+	stop, err := serveClients(ctx, l)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	defer restore()
+	defer stop()
 	res.Procs = runtime.GOMAXPROCS(0)
-	if err := l.App.Control().Listen(); err != nil {
-		return nil, fmt.Errorf("lab: control socket: %w", err)
-	}
-	sctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- l.App.Serve(sctx) }()
-	defer func() { cancel(); <-done }()
-	run := func(test string, size, iters int) (perfRow, error) {
-		row := l.perfPair(ctx, o.Binary, perfRun{test, size, iters})
-		if !row.ok {
-			return row, fmt.Errorf("lab: perf %s: %s", test, row.detail)
-		}
-		return row, nil
-	}
 	lib, _ := findLibrary(ctx, o.LibDir, o.Binary)
 	debian := func(tool debianTool, size, iters int) (perfRow, error) {
 		r := perfRun{tool.name, size, iters}
@@ -204,28 +275,79 @@ func Speed(ctx context.Context, o SpeedOptions) (*SpeedResult, error) {
 		}
 		return row, nil
 	}
-	bw, err := run("write_bw", 65536, o.BWIters)
+	bw, err := l.perfOne(ctx, o.Binary, "write_bw", 65536, o.BWIters)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	res.WriteBW = bw.bw * (1 << 20)
 	if bw, err = debian(writeBWTool, 65536, o.BWIters); err != nil {
-		return nil, err
+		return err
 	}
 	res.LibWriteBW = bw.bw * (1 << 20)
-	lat, err := run("send_lat", 2, o.LatIters)
+	lat, err := l.perfOne(ctx, o.Binary, "send_lat", 2, o.LatIters)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	res.SendLat = time.Duration(lat.lat * float64(time.Microsecond))
 	if lat, err = debian(sendLatTool, 2, o.LatIters); err != nil {
-		return nil, err
+		return err
 	}
 	res.LibSendLat = time.Duration(lat.lat * float64(time.Microsecond))
 	if res.Events, err = l.eventsPingPong(ctx, o.Binary, o.LatIters); err != nil {
-		return nil, err
+		return err
 	}
-	return res, nil
+	return nil
+}
+
+// speedLocal is Speed's measurement of the local switch.
+func speedLocal(ctx context.Context, o SpeedOptions, res *SpeedResult) error {
+	l, err := speedLab(o, true)
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	stop, err := serveClients(ctx, l)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	lat, err := l.perfOne(ctx, o.Binary, "send_lat", 2, o.LatIters)
+	if err != nil {
+		return err
+	}
+	res.LocalSendLat = time.Duration(lat.lat * float64(time.Microsecond))
+	if res.LocalEvents, err = l.eventsPingPong(ctx, o.Binary, o.LatIters); err != nil {
+		return err
+	}
+	const mib = 1 << 20
+	w, err := l.perfOne(ctx, o.Binary, "write_bw", mib, o.LocalIters)
+	if err != nil {
+		return err
+	}
+	res.LocalWrite = w.bw * mib
+	r, err := l.perfOne(ctx, o.Binary, "read_bw", mib, o.LocalIters)
+	if err != nil {
+		return err
+	}
+	res.LocalRead = r.bw * mib
+	res.Memcpy = memcpyRate(mib, o.LocalIters)
+	return nil
+}
+
+// memcpyRate copies size bytes between two buffers n times and returns
+// the bytes per second: the local switch's baseline, where a WRITE or a
+// READ is one such copy from one client's memory to another's.
+func memcpyRate(size, n int) float64 {
+	src, dst := make([]byte, size), make([]byte, size)
+	for i := range src {
+		src[i] = byte(i)
+	}
+	copy(dst, src) // both in the cache, as the RDMA runs' buffers are
+	start := time.Now()
+	for range n {
+		copy(dst, src)
+	}
+	return float64(n*size) / time.Since(start).Seconds()
 }
 
 // eventsPingPong runs `taproce pingpong -e` with 2-byte messages between

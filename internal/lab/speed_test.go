@@ -18,20 +18,28 @@ import (
 )
 
 // BenchmarkLabSpeed measures the lab's TAP path between two namespaces'
-// client processes against baselines from the same run (see Speed), with
-// the appliance blocking, adaptive and spinning — on the processors its
-// poll mode takes (appliance.Procs), spinning once more on all of them
-// (spin-all-procs), and blocking and spinning on processors of its own
-// (block-own-cpus, spin-own-cpus: the upper half, ApplianceCPUs, with the
-// client processes on the rest). Metrics: procs, the processors it ran on; bw/tcp, the
+// client processes against baselines from the same run (see Speed), at
+// MTU 9000 and at MTU 1500 (mtu9000/…, mtu1500/…), with the appliance
+// blocking, adaptive and spinning — on the processors its poll mode takes
+// (appliance.Procs), spinning once more on all of them (spin-all-procs),
+// and blocking and spinning on processors of its own (block-own-cpus,
+// spin-own-cpus: the upper half, ApplianceCPUs, with the client processes
+// on the rest). Metrics: procs, the processors it ran on; bw/tcp, the
 // `taproce perf write_bw` 64 KiB bandwidth over TCP's on the same veth
-// (the median of five runs; target ≥ 1.0), and lat/raw, `taproce perf send_lat` 2 B's median half
-// round trip over a raw frame ping-pong's between two TAPs (target ≤ 3.0);
-// events/raw, `taproce pingpong -e` 2 B's one-way time over the same raw
-// ping-pong's; ib_write_bw/write_bw and ib_send_lat/send_lat, Debian's
-// perftest on taproce's libibverbs.so.1 over taproce perf on the Go
-// library, each run right after the other (targets ≥ 0.95 and ≤ 1.1).
-// Each run measures once, whatever b.N: run it with -benchtime 1x.
+// (the median of five runs; target ≥ 1.0), and lat/raw, `taproce perf
+// send_lat` 2 B's median half round trip over a raw frame ping-pong's
+// between two TAPs (target ≤ 3.0); events/raw, `taproce pingpong -e` 2 B's
+// one-way time over the same raw ping-pong's; ib_write_bw/write_bw and
+// ib_send_lat/send_lat, Debian's perftest on taproce's libibverbs.so.1
+// over taproce perf on the Go library, each run right after the other
+// (targets ≥ 0.95 and ≤ 1.1). At MTU 9000 it measures the local switch
+// too, in a lab of the same configuration whose ports cross in memory:
+// local-lat/lat, its send_lat over the TAP path's (target ≤ 0.5);
+// local-events/events, its events ping-pong over the TAP path's (target
+// ≤ 1.0); write/memcpy, `perf write_bw` 1 MiB over a copy of 1 MiB
+// (target ≥ 0.8); read/write, `perf read_bw` 1 MiB over write_bw's
+// (target ≥ 0.8). Each run measures once, whatever b.N: run it with
+// -benchtime 1x.
 func BenchmarkLabSpeed(b *testing.B) {
 	testnet.RequireRoot(b)
 	bin := taproceBinary(b)
@@ -39,50 +47,69 @@ func BenchmarkLabSpeed(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, c := range []struct {
-		name  string
-		mode  appliance.PollMode
-		procs int
-		cpus  string
-	}{
-		{"block", appliance.PollBlock, 0, ""}, {"adaptive", appliance.PollAdaptive, 0, ""}, {"spin", appliance.PollSpin, 0, ""},
-		{"spin-all-procs", appliance.PollSpin, runtime.GOMAXPROCS(0), ""},
-		{"block-own-cpus", appliance.PollBlock, 0, own}, {"spin-own-cpus", appliance.PollSpin, 0, own},
-	} {
-		b.Run(c.name, func(b *testing.B) {
-			if strings.HasSuffix(c.name, "-own-cpus") && own == "" {
-				b.Skip("one processor: none to give the appliance alone")
-			}
-			for range b.N {
-				r, err := Speed(b.Context(), SpeedOptions{Prefix: testnet.Name() + "-", Poll: c.mode, Procs: c.procs, CPUs: c.cpus, Binary: bin,
-					Socket: filepath.Join(b.TempDir(), "lab.sock")})
-				if err != nil {
-					b.Fatal(err)
+	for _, mtu := range []int{9000, 1500} {
+		for _, c := range []struct {
+			name  string
+			mode  appliance.PollMode
+			procs int
+			cpus  string
+		}{
+			{"block", appliance.PollBlock, 0, ""}, {"adaptive", appliance.PollAdaptive, 0, ""}, {"spin", appliance.PollSpin, 0, ""},
+			{"spin-all-procs", appliance.PollSpin, runtime.GOMAXPROCS(0), ""},
+			{"block-own-cpus", appliance.PollBlock, 0, own}, {"spin-own-cpus", appliance.PollSpin, 0, own},
+		} {
+			b.Run(fmt.Sprintf("mtu%d/%s", mtu, c.name), func(b *testing.B) {
+				if strings.HasSuffix(c.name, "-own-cpus") && own == "" {
+					b.Skip("one processor: none to give the appliance alone")
 				}
-				b.ReportMetric(float64(r.Procs), "procs")
-				b.ReportMetric(r.WriteBW/1e6, "write_bw-MB/s")
-				b.ReportMetric(r.TCP/1e6, "tcp-MB/s")
-				b.ReportMetric(r.BWRatio(), "bw/tcp")
-				b.ReportMetric(float64(r.SendLat.Nanoseconds())/1e3, "send_lat-µs")
-				b.ReportMetric(float64(r.Raw.Nanoseconds())/1e3, "raw-µs")
-				b.ReportMetric(r.LatRatio(), "lat/raw")
-				b.ReportMetric(float64(r.Events.Nanoseconds())/1e3, "events-µs")
-				b.ReportMetric(r.EventsRatio(), "events/raw")
-				if r.LibWriteBW == 0 {
-					b.Logf("Debian's perftest on taproce's libibverbs not run: %s", r.LibWhy)
-					continue
+				for range b.N {
+					r, err := Speed(b.Context(), SpeedOptions{Prefix: testnet.Name() + "-", Poll: c.mode, Procs: c.procs, CPUs: c.cpus, Binary: bin,
+						Socket: filepath.Join(b.TempDir(), "lab.sock"), MTU: mtu, Local: mtu == 9000})
+					if err != nil {
+						b.Fatal(err)
+					}
+					reportSpeed(b, r)
 				}
-				b.ReportMetric(r.LibWriteBW/1e6, "ib_write_bw-MB/s")
-				b.ReportMetric(r.LibBWRatio(), "ib_write_bw/write_bw")
-				b.ReportMetric(float64(r.LibSendLat.Nanoseconds())/1e3, "ib_send_lat-µs")
-				b.ReportMetric(r.LibLatRatio(), "ib_send_lat/send_lat")
-			}
-		})
+			})
+		}
 	}
 }
 
+// reportSpeed reports a Speed result as BenchmarkLabSpeed's metrics.
+func reportSpeed(b *testing.B, r *SpeedResult) {
+	b.ReportMetric(float64(r.Procs), "procs")
+	b.ReportMetric(r.WriteBW/1e6, "write_bw-MB/s")
+	b.ReportMetric(r.TCP/1e6, "tcp-MB/s")
+	b.ReportMetric(r.BWRatio(), "bw/tcp")
+	b.ReportMetric(float64(r.SendLat.Nanoseconds())/1e3, "send_lat-µs")
+	b.ReportMetric(float64(r.Raw.Nanoseconds())/1e3, "raw-µs")
+	b.ReportMetric(r.LatRatio(), "lat/raw")
+	b.ReportMetric(float64(r.Events.Nanoseconds())/1e3, "events-µs")
+	b.ReportMetric(r.EventsRatio(), "events/raw")
+	if r.LocalWrite > 0 {
+		b.ReportMetric(float64(r.LocalSendLat.Nanoseconds())/1e3, "local-lat-µs")
+		b.ReportMetric(r.LocalLatRatio(), "local-lat/lat")
+		b.ReportMetric(float64(r.LocalEvents.Nanoseconds())/1e3, "local-events-µs")
+		b.ReportMetric(r.LocalEventsRatio(), "local-events/events")
+		b.ReportMetric(r.LocalWrite/1e6, "local-write-MB/s")
+		b.ReportMetric(r.LocalRead/1e6, "local-read-MB/s")
+		b.ReportMetric(r.Memcpy/1e6, "memcpy-MB/s")
+		b.ReportMetric(r.LocalWriteRatio(), "write/memcpy")
+		b.ReportMetric(r.LocalReadRatio(), "read/write")
+	}
+	if r.LibWriteBW == 0 {
+		b.Logf("Debian's perftest on taproce's libibverbs not run: %s", r.LibWhy)
+		return
+	}
+	b.ReportMetric(r.LibWriteBW/1e6, "ib_write_bw-MB/s")
+	b.ReportMetric(r.LibBWRatio(), "ib_write_bw/write_bw")
+	b.ReportMetric(float64(r.LibSendLat.Nanoseconds())/1e3, "ib_send_lat-µs")
+	b.ReportMetric(r.LibLatRatio(), "ib_send_lat/send_lat")
+}
+
 // TestSpeed runs Speed briefly in each poll mode: every figure measured,
-// and the ratios computed from them.
+// and the ratios computed from them; blocking, the local switch's figures
+// too, and spinning at MTU 1500.
 func TestSpeed(t *testing.T) {
 	testnet.RequireRoot(t)
 	if testing.Short() {
@@ -94,22 +121,28 @@ func TestSpeed(t *testing.T) {
 		t.Fatal(err)
 	}
 	type run struct {
-		mode appliance.PollMode
-		cpus string
+		mode  appliance.PollMode
+		cpus  string
+		mtu   int
+		local bool
 	}
-	cases := []run{{appliance.PollBlock, ""}, {appliance.PollSpin, ""}}
+	cases := []run{{appliance.PollBlock, "", 9000, true}, {appliance.PollSpin, "", 1500, false}}
 	if own != "" {
-		cases = append(cases, run{appliance.PollBlock, own})
+		cases = append(cases, run{appliance.PollBlock, own, 9000, false})
 	}
 	for _, c := range cases {
 		mode := c.mode
-		name := mode.String()
+		name := fmt.Sprintf("%v-mtu%d", mode, c.mtu)
 		if c.cpus != "" {
 			name += "-on-cpus-" + c.cpus
 		}
+		if c.local {
+			name += "-local"
+		}
 		t.Run(name, func(t *testing.T) {
 			r, err := Speed(t.Context(), SpeedOptions{Prefix: testnet.Name() + "-", Poll: mode, CPUs: c.cpus, Binary: bin,
-				Socket: filepath.Join(t.TempDir(), "lab.sock"), BWIters: 200, LatIters: 200, TCPBytes: 16 << 20, TCPRuns: 3, RawRounds: 200})
+				Socket: filepath.Join(t.TempDir(), "lab.sock"), BWIters: 200, LatIters: 200, TCPBytes: 16 << 20, TCPRuns: 3, RawRounds: 200,
+				MTU: c.mtu, Local: c.local, LocalIters: 100})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -126,11 +159,23 @@ func TestSpeed(t *testing.T) {
 				procs = n
 			}
 			if r.WriteBW <= 0 || r.TCP <= 0 || r.SendLat <= 0 || r.Raw <= 0 || r.Events <= 0 || r.Poll != mode || r.RawSpin != (mode == appliance.PollSpin) ||
-				r.Procs != procs || r.CPUs != c.cpus {
+				r.Procs != procs || r.CPUs != c.cpus || r.MTU != c.mtu {
 				t.Errorf("result %+v", r)
 			}
 			if r.BWRatio() != r.WriteBW/r.TCP || r.LatRatio() != float64(r.SendLat)/float64(r.Raw) || r.EventsRatio() != float64(r.Events)/float64(r.Raw) {
 				t.Errorf("ratios %v %v %v", r.BWRatio(), r.LatRatio(), r.EventsRatio())
+			}
+			measured := r.LocalSendLat > 0 && r.LocalEvents > 0 && r.LocalWrite > 0 && r.LocalRead > 0 && r.Memcpy > 0
+			if measured != c.local {
+				t.Errorf("local switch measured %v, want %v: %+v", measured, c.local, r)
+			}
+			if c.local {
+				t.Logf("local switch: send_lat %v (%.2f of the TAP path's), events %v (%.2f), write %.0f MB/s (%.2f of memcpy), read %.0f MB/s (%.2f of write)",
+					r.LocalSendLat, r.LocalLatRatio(), r.LocalEvents, r.LocalEventsRatio(), r.LocalWrite/1e6, r.LocalWriteRatio(), r.LocalRead/1e6, r.LocalReadRatio())
+				if r.LocalLatRatio() != float64(r.LocalSendLat)/float64(r.SendLat) || r.LocalWriteRatio() != r.LocalWrite/r.Memcpy ||
+					r.LocalReadRatio() != r.LocalRead/r.LocalWrite || r.LocalEventsRatio() != float64(r.LocalEvents)/float64(r.Events) {
+					t.Errorf("local ratios %v %v %v %v", r.LocalLatRatio(), r.LocalEventsRatio(), r.LocalWriteRatio(), r.LocalReadRatio())
+				}
 			}
 			// Debian's perftest on the library, measured too where the
 			// lab can build it (a checkout with the C toolchain).
