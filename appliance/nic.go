@@ -31,8 +31,9 @@ type NIC struct {
 	local   []localItem // frames from the switch, for this NIC's engine
 	spare   []localItem // the other half of the double buffer
 	closed  bool
-	asleep  bool   // the port's blocking loop sleeps without polling local (Arm)
-	unlocal func() // takes pollLocal out of the port's loop
+	queued  atomic.Bool // local has items: an empty poll takes no lock
+	asleep  bool        // the port's blocking loop sleeps without polling local (Arm)
+	unlocal func()      // takes pollLocal out of the port's loop
 	stop    chan struct{}
 	wg      sync.WaitGroup
 	once    sync.Once
@@ -244,7 +245,11 @@ const minTickSleep = 50 * time.Microsecond
 // a sender must never wait for a receiver that might be waiting for it;
 // the senders' windows bound it.
 func (n *NIC) pollLocal(e *transport.Engine, p *roce.Packet) bool {
+	if !n.queued.Load() {
+		return false
+	}
 	n.lmu.Lock()
+	n.queued.Store(false)
 	items := n.local
 	if len(items) == 0 {
 		n.lmu.Unlock()
@@ -372,6 +377,7 @@ func (n *NIC) deliver(frames, refs [][]byte, done func()) {
 		return
 	}
 	n.local = append(n.local, localItem{frames: frames, refs: refs, done: done})
+	n.queued.Store(true)
 	wake := n.asleep
 	n.asleep = false
 	n.lmu.Unlock()

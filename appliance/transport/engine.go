@@ -204,13 +204,13 @@ type Engine struct {
 }
 
 // txBatchSize is how many frames the engine gathers before handing them
-// to the Output, or more where txBatchBytes of frames take more (up to
-// four times as many: 85 at MTU 1500, room for the 62 packets of a whole
-// UDP GSO super-frame); asyncBatches how many batches an engine with an
+// to the Output; asyncBatches how many batches an engine with an
 // AsyncOutput has (so that many can be queued for writing at once).
+// Batches of 85 frames at MTU 1500 (room for the 62 packets of a whole
+// UDP GSO super-frame) measured no faster than 32 (docs/performance-log.md,
+// window in bytes) and took 1 MiB per port: 64 pods' ports 40 MiB more.
 const (
 	txBatchSize  = 32
-	txBatchBytes = 128 << 10
 	asyncBatches = 8
 )
 
@@ -244,8 +244,7 @@ func NewEngine(cfg Config) *Engine {
 // back to the free list, or, when the list is full (it was made while all
 // were out), to the garbage collector.
 func (e *Engine) newBatch() *Batch {
-	n := max(txBatchSize, min(4*txBatchSize, txBatchBytes/e.bufSize))
-	b := &Batch{Frames: make([][]byte, 0, n), bufs: make([][]byte, n), refs: make([][]byte, n), free: e.free}
+	b := &Batch{Frames: make([][]byte, 0, txBatchSize), bufs: make([][]byte, txBatchSize), refs: make([][]byte, txBatchSize), free: e.free}
 	for i := range b.bufs {
 		b.bufs[i] = make([]byte, e.bufSize)
 	}
