@@ -114,11 +114,7 @@ func (n *NIC) start(p *Port) error {
 	// local switch).
 	var p0 roce.Packet
 	local := func() bool { return n.pollLocal(e, &p0) }
-	if loop := p.cfg.Loop; loop.Blocking() {
-		n.unlocal = loop.AddSleeper(local, poll.Sleeper{Fd: -1, Arm: n.armLocal, Disarm: n.disarmLocal})
-	} else {
-		n.unlocal = loop.Add(local)
-	}
+	n.unlocal = p.cfg.Loop.AddSleeper(local, poll.Sleeper{Fd: -1, Arm: n.armLocal, Disarm: n.disarmLocal})
 	if n.sw != nil {
 		n.sw.join(n)
 	}

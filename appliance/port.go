@@ -232,12 +232,9 @@ func NewPort(dev tap.Device, cfg PortConfig) (*Port, error) {
 	p.wg.Add(1)
 	go p.writeLoop()
 	p.onFrameFn = p.onFrame
-	if cfg.Loop.Blocking() {
-		// The loop sleeps on the device's descriptor.
-		p.unpoll = cfg.Loop.AddSleeper(p.pollOnce, poll.Sleeper{Fd: dev.Fd()})
-	} else {
-		p.unpoll = cfg.Loop.Add(p.pollOnce)
-	}
+	// A blocking loop sleeps on the device's descriptor; a read that
+	// finds nothing costs a system call.
+	p.unpoll = cfg.Loop.AddSleeper(p.pollOnce, poll.Sleeper{Fd: dev.Fd(), Costly: true})
 	if holds(cfg.Ingress) || holds(cfg.Egress) {
 		p.wg.Add(1)
 		go p.flushLoop()

@@ -519,6 +519,47 @@ func TestBlockingLoopSleeperWithoutDescriptor(t *testing.T) {
 	}
 }
 
+// TestLoopCostly: while the passes find work, a costly source whose last
+// poll found nothing is polled every costlyEvery-th pass only; once they
+// find none, at every pass again; and one that found work is polled at
+// every pass.
+func TestLoopCostly(t *testing.T) {
+	for _, blocking := range []bool{false, true} {
+		l := NewLoop()
+		if blocking {
+			l = newBlocking(t)
+		}
+		var work, frames atomic.Bool
+		var polls atomic.Int64
+		work.Store(true)
+		l.Add(func() bool { return work.Load() })
+		l.AddSleeper(func() bool { polls.Add(1); return frames.Load() }, Sleeper{Fd: -1, Costly: true})
+		var sp spin.Spinner
+		passes := func(n int) int64 {
+			before := polls.Load()
+			for range n {
+				l.passOnce(&sp)
+			}
+			return polls.Load() - before
+		}
+		passes(1) // the first pass polls it: now it has found nothing
+		if got := passes(8 * costlyEvery); got != 8 {
+			t.Errorf("blocking %v: busy passes polled the empty costly source %d times in %d, want 8", blocking, got, 8*costlyEvery)
+		}
+		frames.Store(true)
+		passes(costlyEvery) // it finds work at its next poll
+		if got := passes(16); got != 16 {
+			t.Errorf("blocking %v: a costly source with work polled %d times in 16 passes", blocking, got)
+		}
+		frames.Store(false)
+		work.Store(false)
+		passes(2)
+		if got := passes(16); got != 16 && !blocking {
+			t.Errorf("idle passes polled the costly source %d times in 16", got)
+		}
+	}
+}
+
 // TestBlockingLoopSleepAllocs: a pass that sleeps (here, on a descriptor
 // that is readable at once) allocates nothing.
 func TestBlockingLoopSleepAllocs(t *testing.T) {
