@@ -164,3 +164,49 @@ func TestAsyncOutput(t *testing.T) {
 		}
 	}
 }
+
+// holdOut is an AsyncOutput that keeps every batch until release.
+type holdOut struct{ held []*Batch }
+
+func (o *holdOut) Headroom() int      { return 10 }
+func (o *holdOut) Send([][]byte)      {}
+func (o *holdOut) SendBatch(b *Batch) { o.held = append(o.held, b) }
+func (o *holdOut) release() {
+	for _, b := range o.held {
+		b.Release()
+	}
+	o.held = o.held[:0]
+}
+
+// TestBatchesKept: the batches an engine makes while all of its batches
+// are out are kept once given back — up to as many bytes as asyncBatches
+// take at MTU 9000 — so that an output that gives them back late (a
+// spinning port's writer behind the window of 512 packets at MTU 1500)
+// costs no allocation once they exist.
+func TestBatchesKept(t *testing.T) {
+	for _, c := range []struct {
+		mtu, out, kept int
+	}{{1500, 24, 24}, {1500, 60, 48}, {9000, 24, asyncBatches}} {
+		o := &holdOut{}
+		e := NewEngine(Config{MTU: c.mtu, Out: o})
+		cycle := func() {
+			e.mu.Lock()
+			for range c.out {
+				e.frame()
+				e.emit(60, false)
+				e.flush()
+			}
+			e.mu.Unlock()
+			o.release()
+		}
+		cycle()
+		if got := len(e.free); got != c.kept {
+			t.Errorf("MTU %d, %d batches out: %d kept, want %d", c.mtu, c.out, got, c.kept)
+		}
+		if c.out <= c.kept {
+			if n := testing.AllocsPerRun(10, cycle); n != 0 {
+				t.Errorf("MTU %d: %d batches out and back: %v allocations", c.mtu, c.out, n)
+			}
+		}
+	}
+}

@@ -232,7 +232,18 @@ func NewEngine(cfg Config) *Engine {
 	if a, ok := cfg.Out.(AsyncOutput); ok {
 		e.async, n = a, asyncBatches
 	}
-	e.free = make(chan *Batch, n)
+	// The free list keeps, beyond the batches made now, those made while
+	// all were out, up to as many bytes as asyncBatches take at MTU 9000:
+	// at MTU 1500 the window of 512 packets (window) holds more than eight
+	// batches of 32, and a spinning port's writer gave them back only
+	// after the engine had made new ones, for the garbage collector
+	// (write_bw 64 KiB 0.77× TCP, the collector busy; docs/performance-log.md,
+	// window in bytes).
+	keep := n
+	if n > 1 {
+		keep = max(n, n*9000/cfg.MTU)
+	}
+	e.free = make(chan *Batch, keep)
 	e.bufSize = size
 	for range n {
 		e.free <- e.newBatch()
