@@ -181,6 +181,7 @@ type Engine struct {
 	free    chan *Batch // batches not handed out
 	cur     *Batch      // the batch being filled, nil when none
 	bufSize int         // bytes of a transmit buffer
+	made    int         // batches newBatch has made
 	curBufs int         // buffers of cur in use
 
 	// tickAt is when the caller of Tick plans to call it next (PlanTick),
@@ -255,6 +256,7 @@ func NewEngine(cfg Config) *Engine {
 // back to the free list, or, when the list is full (it was made while all
 // were out), to the garbage collector.
 func (e *Engine) newBatch() *Batch {
+	e.made++
 	b := &Batch{Frames: make([][]byte, 0, txBatchSize), bufs: make([][]byte, txBatchSize), refs: make([][]byte, txBatchSize), free: e.free}
 	for i := range b.bufs {
 		b.bufs[i] = make([]byte, e.bufSize)

@@ -137,3 +137,68 @@ func TestLocalWholeRead(t *testing.T) {
 		t.Errorf("A %+v\nB %+v", sa, sb)
 	}
 }
+
+// TestLocalReadFence: through the local switch a READ's data is read when
+// the requester places it (respondWhole), so a WRITE to the same bytes
+// posted behind it can show in it; with IBV_SEND_FENCE the WRITE waits
+// for the READ's completion, and the READ returns the bytes as they were.
+// Over the wire (no local switch) the READ returns them either way.
+func TestLocalReadFence(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		local bool
+		fence abi.SendFlags
+		want  string
+	}{
+		{"local, fenced", true, abi.SendFence, "original"},
+		{"wire, fenced", false, abi.SendFence, "original"},
+		{"wire, not fenced", false, 0, "original"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := newSim(t, impair.Spec{}, 1500)
+			if c.local {
+				s = newLocalSim(t, 1500)
+			}
+			cn := s.connect(connOpts{retry: 7, rnr: 7})
+			const x, size = 0, 5000 // B's bytes the READ reads and the WRITE overwrites
+			copy(cn.bufb[x:], "original")
+			copy(cn.bufa[100000:], "replaced")
+			wrs := []SendWR{
+				{ID: 1, Opcode: abi.WRRDMARead, Flags: abi.SendSignaled, SGL: sge(cn.mra, 200000, size),
+					RemoteAddr: base + x, RKey: cn.mrb.RKey},
+				{ID: 2, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled | c.fence, SGL: sge(cn.mra, 100000, 8),
+					RemoteAddr: base + x, RKey: cn.mrb.RKey},
+			}
+			_, err := cn.qa.PostSend(wrs)
+			must(t, err)
+			// B handles all A sent before A looks at its answers: the
+			// order in which, through the local switch, the WRITE would
+			// change the READ's data.
+			for len(s.b.inbox) > 0 {
+				f := s.b.inbox[0]
+				s.b.inbox = s.b.inbox[1:]
+				var ref []byte
+				if len(s.b.refs) > 0 {
+					ref, s.b.refs = s.b.refs[0], s.b.refs[1:]
+				}
+				var pkt roce.Packet
+				if roce.Parse(f, &pkt) == nil {
+					s.b.eng.ReceiveLocal(f, &pkt, ref)
+				}
+			}
+			var wcs []WC
+			s.run(10000, func() bool { wcs = append(wcs, poll(cn.cqa)...); return len(wcs) == 2 })
+			for _, wc := range wcs {
+				if wc.Status != abi.WCSuccess {
+					t.Fatalf("completion %+v (%v)", wc, wc.Status)
+				}
+			}
+			if got := string(cn.bufa[200000 : 200000+8]); got != c.want {
+				t.Errorf("the READ returned %q, want %q", got, c.want)
+			}
+			if got := string(cn.bufb[x : x+8]); got != "replaced" {
+				t.Errorf("the WRITE left %q", got)
+			}
+		})
+	}
+}

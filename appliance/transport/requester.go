@@ -169,6 +169,14 @@ func (qp *QP) sendRC(w *sendWQE) bool {
 	op := w.wr.Opcode
 	pmtu := uint32(qp.pmtu)
 	if !w.assigned {
+		// A fenced request waits until every READ and atomic before it
+		// has completed (IBA 10.8.3.3; rxe's wait_fence): then it cannot
+		// change what an earlier READ returns, even through the local
+		// switch, whose READ data is read when the requester places it
+		// (respondWhole).
+		if w.wr.Flags&abi.SendFence != 0 && qp.rdAtomicOut > 0 {
+			return false
+		}
 		if (op == abi.WRRDMARead || op.IsAtomic()) && !qp.rdAtomicRoom(w) {
 			return false
 		}

@@ -530,7 +530,13 @@ func (qp *QP) read(p *roce.Packet, psn roce.PSN, fresh bool) bool {
 // one frame: READ RESPONSE ONLY with the request's first PSN, standing for
 // the packets of all its PSNs, and the data left where it is, in mr
 // (Batch.Refs), which stays pinned until the frame is delivered. The
-// requester copies it once, into its buffer.
+// requester copies it once, into its buffer — so the data is read then,
+// not when the READ executes: a WRITE or SEND behind the READ that the
+// responder executes before the requester polls can show in it, where
+// rxe's copy would not. The requester's fence (a WQE with
+// IBV_SEND_FENCE waits for the READs before it, sendRC) keeps the two
+// apart, as IBA has applications do when a request must not overtake a
+// READ's data (TestLocalReadFence).
 func (qp *QP) respondWhole(r *roce.Packet, psn roce.PSN, data []byte, mr *MR) {
 	e := qp.e
 	r.BTH.Opcode, r.BTH.PSN = roce.RCRDMAReadResponseOnly, psn
