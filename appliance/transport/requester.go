@@ -170,7 +170,7 @@ func (qp *QP) sendRC(w *sendWQE) bool {
 	pmtu := uint32(qp.pmtu)
 	if !w.assigned {
 		// A fenced request waits until every READ and atomic before it
-		// has completed (IBA 10.8.3.3; rxe's wait_fence): then it cannot
+		// has completed (the fence indicator; rxe's wait_fence): then it cannot
 		// change what an earlier READ returns, even through the local
 		// switch, whose READ data is read when the requester places it
 		// (respondWhole).

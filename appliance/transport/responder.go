@@ -533,10 +533,11 @@ func (qp *QP) read(p *roce.Packet, psn roce.PSN, fresh bool) bool {
 // requester copies it once, into its buffer — so the data is read then,
 // not when the READ executes: a WRITE or SEND behind the READ that the
 // responder executes before the requester polls can show in it, where
-// rxe's copy would not. The requester's fence (a WQE with
-// IBV_SEND_FENCE waits for the READs before it, sendRC) keeps the two
-// apart, as IBA has applications do when a request must not overtake a
-// READ's data (TestLocalReadFence).
+// rxe's copy would not. IBA's ordering rules let a later WRITE or SEND
+// pass a READ's data this way (IBA 9.5, RDMA READ's relaxed ordering);
+// an application that needs them apart sets the fence indicator
+// (IBV_SEND_FENCE), and the requester then holds the later request until
+// the READ completes (sendRC; TestLocalReadFence).
 func (qp *QP) respondWhole(r *roce.Packet, psn roce.PSN, data []byte, mr *MR) {
 	e := qp.e
 	r.BTH.Opcode, r.BTH.PSN = roce.RCRDMAReadResponseOnly, psn
