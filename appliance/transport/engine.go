@@ -362,6 +362,29 @@ func (e *Engine) emitRef(n int, ref []byte, mr *MR) {
 	e.stats.sent.Add(1)
 }
 
+// sendWhole sends p, with no payload of its own, as a whole message for
+// the local switch whose payload is ref, in mr: alone in its batch, so
+// that the output can route the batch whole. It reports false when p
+// could not be encoded (counted as dropped). e.mu is held.
+func (e *Engine) sendWhole(p *roce.Packet, ref []byte, mr *MR) bool {
+	e.flush()
+	b := e.frame()
+	p.SetPayloadLen(0)
+	if !p.IPv6 {
+		e.ipID++
+		p.ID = e.ipID
+	}
+	m, err := p.Encode(b)
+	if err != nil {
+		e.unframe()
+		e.stats.dropped.Add(1)
+		return false
+	}
+	e.emitRef(m, ref, mr)
+	e.flush()
+	return true
+}
+
 // flush hands the queued frames to the Output. e.mu is held.
 func (e *Engine) flush() {
 	e.curUrgent = false

@@ -302,22 +302,9 @@ func (qp *QP) sendWhole(w *sendWQE, p *roce.Packet) bool {
 	p.BTH.SolicitedEvent = w.wr.Flags&abi.SendSolicited != 0
 	p.BTH.AckReq = true
 	qp.noAckPkts = 0
-	e := qp.e
-	e.flush() // the frame travels alone, so the output can route its batch whole
-	b := e.frame()
-	p.SetPayloadLen(0)
-	if !p.IPv6 {
-		e.ipID++
-		p.ID = e.ipID
-	}
-	m, err := p.Encode(b)
-	if err != nil {
-		e.unframe()
-		e.stats.dropped.Add(1)
+	if !qp.e.sendWhole(p, qp.scratch.segs[0], qp.scratch.mrs[0]) {
 		return false
 	}
-	e.emitRef(m, qp.scratch.segs[0], qp.scratch.mrs[0])
-	e.flush()
 	if end := w.lastPSN.Next(); end.Diff(qp.sentTo) > 0 {
 		qp.sentTo = end
 	}

@@ -539,23 +539,8 @@ func (qp *QP) read(p *roce.Packet, psn roce.PSN, fresh bool) bool {
 // (IBV_SEND_FENCE), and the requester then holds the later request until
 // the READ completes (sendRC; TestLocalReadFence).
 func (qp *QP) respondWhole(r *roce.Packet, psn roce.PSN, data []byte, mr *MR) {
-	e := qp.e
 	r.BTH.Opcode, r.BTH.PSN = roce.RCRDMAReadResponseOnly, psn
-	e.flush() // the frame travels alone, so the output can route its batch whole
-	b := e.frame()
-	r.SetPayloadLen(0)
-	if !r.IPv6 {
-		e.ipID++
-		r.ID = e.ipID
-	}
-	m, err := r.Encode(b)
-	if err != nil {
-		e.unframe()
-		e.stats.dropped.Add(1)
-		return
-	}
-	e.emitRef(m, data, mr)
-	e.flush()
+	qp.e.sendWhole(r, data, mr)
 }
 
 // atomic executes CMP_SWAP or FETCH_ADD (IBA 9.4.5) and answers with the
