@@ -58,6 +58,10 @@ type Options struct {
 	// Linger is how long a destroyed or dead client's QP answers its peer
 	// (control.Config.Linger).
 	Linger time.Duration
+	// LingerQuiet is how long such a QP leaves a request it never
+	// executed unanswered before it NAKs it (transport.Config.LingerQuiet;
+	// 0: its default; tests shorten it).
+	LingerQuiet time.Duration
 	// PeerNetns replaces how the control server finds a client's
 	// namespace (tests).
 	PeerNetns func(pid int32) (uint64, error)
@@ -210,6 +214,7 @@ func (a *Appliance) AddPortOn(dev tap.Device, cfg PortConfig) (*NIC, error) {
 	// for its clients' posts.
 	cfg.Loop = a.loop
 	cfg.AckDelay = a.opt.Poll.AckDelay()
+	cfg.LingerQuiet = a.opt.LingerQuiet
 	user := cfg.OnLink
 	cfg.OnLink = func(up bool) {
 		a.ctrl.PortEvent(name, up)

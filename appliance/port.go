@@ -47,6 +47,8 @@ type PortConfig struct {
 	// acknowledgement wait for a frame to go out with
 	// (transport.Config.AckDelay); 0 sends each at once.
 	AckDelay time.Duration
+	// LingerQuiet is transport.Config.LingerQuiet (0: its default).
+	LingerQuiet time.Duration
 	// Ingress and Egress impair the frames the port receives and sends.
 	Ingress, Egress impair.Spec
 	// Capture, when set, records every frame the port sends and receives:

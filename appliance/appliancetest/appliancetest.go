@@ -47,6 +47,8 @@ type Options struct {
 	Egress impair.Spec
 	// Linger is control.Config.Linger (0: the default).
 	Linger time.Duration
+	// LingerQuiet is appliance.Options.LingerQuiet (0: the default).
+	LingerQuiet time.Duration
 	// ListAllDevices lists the devices to clients of other namespaces
 	// too (Elsewhere).
 	ListAllDevices bool
@@ -109,7 +111,7 @@ func newAt(t testing.TB, o Options, socket string) *Rig {
 		t.Fatal(err)
 	}
 	app, err := appliance.New(appliance.Options{Socket: r.Socket, LocalSwitch: o.LocalSwitch, Poll: o.Poll, Logger: o.Logger,
-		Linger: o.Linger, Limits: o.Limits, ApplianceLimits: o.ApplianceLimits, ListAllDevices: o.ListAllDevices, PeerNetns: func(int32) (uint64, error) {
+		Linger: o.Linger, LingerQuiet: o.LingerQuiet, Limits: o.Limits, ApplianceLimits: o.ApplianceLimits, ListAllDevices: o.ListAllDevices, PeerNetns: func(int32) (uint64, error) {
 			if r.Elsewhere.Load() {
 				return self + 1, nil
 			}

@@ -261,8 +261,10 @@ func TestClientKilled(t *testing.T) {
 	// The killed QPs linger long enough for the peer's SEND to reach them
 	// on a loaded machine: once one is gone, the SEND would go unanswered
 	// (as at rxe) and retry forever.
+	// They NAK at once, without the quiet spell (transport.Config.LingerQuiet)
+	// that would cost every cycle a second.
 	const linger = 2 * time.Second
-	app := appliancetest.New(t, appliancetest.Options{LocalSwitch: true, Linger: linger, Namespace: "crash", Net: 79}).App
+	app := appliancetest.New(t, appliancetest.Options{LocalSwitch: true, Linger: linger, LingerQuiet: -1, Namespace: "crash", Net: 79}).App
 	parent, err := verbs.Open(testCtx(t), "taproce1")
 	must(t, err)
 	defer parent.Close()

@@ -18,15 +18,18 @@ import (
 // (Close). A, with retry_cnt 7, which never runs out, retransmits; the
 // lingering QP answers the duplicate as the live one would, so A's work
 // completes successfully. A request B never executed, or a READ whose
-// region B has deregistered since, goes unanswered, as at rxe once the QP
-// is gone: A, with a retry_cnt that runs out, fails with a retry error
-// (a write_lat -D run, whose server may stop and destroy its QP first,
-// depends on this: against a NAK its client failed before its own end;
-// see perf's TestLatDurationPeerGone). Close completes nothing on B's
-// CQs and stops B's own timers; after the linger, measured with the
-// engine's clock, the QP is gone and its QPN free.
+// region B has deregistered since, goes unanswered for the quiet spell,
+// as at rxe once the QP is gone — A, with a retry_cnt that runs out
+// within it, fails with a retry error (a write_lat -D run, whose server
+// may stop and destroy its QP first, depends on this: against a NAK its
+// client failed before its own end; see perf's TestLatDurationPeerGone)
+// — and is NAKed after it, so that A, whose retries never run out, fails
+// with a remote operational error instead of retrying forever. Close
+// completes nothing on B's CQs and stops B's own timers; after the
+// linger, measured with the engine's clock, the QP is gone and its QPN
+// free.
 func TestCloseLinger(t *testing.T) {
-	const linger = time.Second
+	const linger = 30 * time.Second
 	for _, tc := range []struct {
 		name  string
 		op    abi.WROpcode
@@ -41,12 +44,15 @@ func TestCloseLinger(t *testing.T) {
 		{"READ of a deregistered region", abi.WRRDMARead, false, true, abi.WCRetryExcErr},
 		{"WRITE after the close", abi.WRRDMAWrite, true, false, abi.WCRetryExcErr},
 		{"SEND after the close", abi.WRSend, true, false, abi.WCRetryExcErr},
+		{"READ of a deregistered region, retried past the quiet", abi.WRRDMARead, false, true, abi.WCRemOpErr},
+		{"WRITE after the close, retried past the quiet", abi.WRRDMAWrite, true, false, abi.WCRemOpErr},
+		{"SEND after the close, retried past the quiet", abi.WRSend, true, false, abi.WCRemOpErr},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newSim(t, impair.Spec{}, 1500)
 			retry := uint8(7)
-			if tc.want != abi.WCSuccess {
-				retry = 2 // runs out: what B does not answer fails
+			if tc.want == abi.WCRetryExcErr {
+				retry = 2 // runs out within the quiet spell
 			}
 			c := s.connect(connOpts{retry: retry, rnr: 7})
 			const n = 3000 // three packets at path MTU 1024
@@ -129,11 +135,17 @@ func TestCloseLinger(t *testing.T) {
 					}
 				}
 			} else {
-				if len(answers) != 0 {
-					t.Errorf("closed B answered a request it never executed with %d packets (%d NAKs)", len(answers), naks)
+				quietTo := closedAt.Add(DefaultLingerQuiet)
+				switch {
+				case tc.want == abi.WCRetryExcErr && (len(answers) != 0 || !s.clock.now.Before(quietTo)):
+					t.Errorf("A failed at %v, with %d answers (%d NAKs); want no answer before the quiet spell's end at %v",
+						s.clock.now, len(answers), naks, quietTo)
+				case tc.want == abi.WCRemOpErr && (len(answers) != 1 || naks != 1 || s.clock.now.Before(quietTo)):
+					t.Errorf("A failed at %v, with %d answers (%d NAKs); want one NAK after the quiet spell's end at %v",
+						s.clock.now, len(answers), naks, quietTo)
 				}
 				if st := c.qa.State(); st != abi.QPSErr {
-					t.Errorf("A's QP in %v after its retries ran out, want ERR", st)
+					t.Errorf("A's QP in %v after its failure, want ERR", st)
 				}
 				if s.b.eng.Stats().Dropped == 0 {
 					t.Error("closed B counted no dropped request")
@@ -223,19 +235,23 @@ func TestCloseAtOnce(t *testing.T) {
 // TestLingerReadBounds: a closed or killed QP reads again, for a
 // duplicate READ, only what the READ it executed named: the same request,
 // or the rest of it from a later PSN; a duplicate PSN naming another
-// region of the same PD, or bytes beyond the original, is not read — a
-// closed QP leaves it unanswered, a killed one NAKs it.
+// region of the same PD, or bytes beyond the original, is not read — it
+// goes unanswered during the quiet spell and is NAKed after it.
 func TestLingerReadBounds(t *testing.T) {
-	for _, kill := range []bool{false, true} {
-		name := "closed"
-		if kill {
-			name = "killed"
-		}
-		t.Run(name, func(t *testing.T) { lingerReadBounds(t, kill) })
+	for _, tc := range []struct {
+		name        string
+		kill, quiet bool
+	}{
+		{"closed", false, false},
+		{"closed, in the quiet spell", false, true},
+		{"killed", true, false},
+		{"killed, in the quiet spell", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) { lingerReadBounds(t, tc.kill, tc.quiet) })
 	}
 }
 
-func lingerReadBounds(t *testing.T, kill bool) {
+func lingerReadBounds(t *testing.T, kill, quiet bool) {
 	s := newSim(t, impair.Spec{}, 1500)
 	c := s.connect(connOpts{psnA: 500})
 	other, err := s.b.eng.Memory().Register(c.pdb, 0x900000, make([]byte, 8192), abi.AccessRemoteRead)
@@ -248,6 +264,9 @@ func lingerReadBounds(t *testing.T, kill bool) {
 		must(t, s.b.eng.Kill(c.qb, time.Minute))
 	} else {
 		must(t, s.b.eng.Close(c.qb, time.Minute))
+	}
+	if !quiet {
+		s.clock.now = s.clock.now.Add(DefaultLingerQuiet)
 	}
 	var sent []roce.Packet
 	s.b.watch = func(f []byte) { sent = append(sent, parsed(t, f)) }
@@ -277,7 +296,7 @@ func lingerReadBounds(t *testing.T, kill bool) {
 			var q roce.Packet
 			must(t, roce.Parse(buf[:m], &q))
 			s.b.eng.Receive(buf[:m], &q)
-			if !tc.reads && !kill {
+			if !tc.reads && quiet {
 				if len(sent) != 0 {
 					t.Fatalf("answered with %v (syndrome %#x), want no answer", sent[0].BTH.Opcode, uint8(sent[0].AETH.Syndrome))
 				}

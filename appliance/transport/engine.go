@@ -88,6 +88,11 @@ type Config struct {
 	// Someone must call FlushAcks while acknowledgements wait; Tick sends
 	// them too.
 	AckDelay time.Duration
+	// LingerQuiet is how long a killed or closed QP only answers the
+	// duplicates of what it executed before it NAKs what it never did
+	// (lingerAnswer), or the first half of its linger when that is
+	// shorter: 0 is DefaultLingerQuiet; less than 0, no quiet spell.
+	LingerQuiet time.Duration
 	// GSI, when set, receives the MADs that arrive for QP1, the general
 	// services interface (see GSIHandler; Engine.SetGSI changes it).
 	// Without one, packets for QP1 are dropped, as for a QP that is not
@@ -492,17 +497,13 @@ func (e *Engine) holds(qp *QP) error {
 // Kill ends a queue pair whose owner is gone, such as a client process
 // that died, so that its peer fails instead of waiting for it. The QP
 // goes to the error state at once, its work flushed as a modify to ERR
-// flushes it (IBA 10.3.1), and then lingers (see lingerAnswer) for
-// linger, measured with the engine's clock and checked by Tick: a request
-// it executed before, whose acknowledgement the network lost, is answered
-// as a duplicate (IBA 9.7.4.1.2); every other RC request is answered with
-// a NAK of the remote operational error code (AETH NAK code 3, IBA
-// 9.7.5.2.1 table 44), one for the requests in flight together, so that
-// the remote requester completes its work with IBV_WC_REM_OP_ERR and
-// moves to the error state (IBA 9.9.3.1.3), where a dropped request would
-// leave it retrying, forever with the retry_cnt of 7 rxe takes as
-// infinite. Then the QP is removed as DestroyQP removes it; a linger of
-// zero or less removes it at once. A killed QP refuses Modify and posts.
+// flushes it (IBA 10.3.1), and then lingers for linger, measured with the
+// engine's clock and checked by Tick, answering what arrives for it as a
+// closed QP does (lingerAnswer): duplicates of what it executed again,
+// and after a quiet spell NAKs for the rest, so that the peer fails
+// instead of retrying forever. Then the QP is removed as DestroyQP removes
+// it; a linger of zero or less removes it at once. A killed QP refuses
+// Modify and posts.
 func (e *Engine) Kill(qp *QP, linger time.Duration) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -520,13 +521,13 @@ func (e *Engine) Kill(qp *QP, linger time.Duration) error {
 // Close destroys a queue pair at its owner's request (ibv_destroy_qp,
 // IBA 11.2.4.4): its outstanding work is dropped without completions and
 // nothing it does reaches its CQs again. An RC QP that has had a peer
-// (RTR or later) lingers before it goes, answering retransmissions of what
-// it executed (lingerAnswer): the last request it executed may still wait
-// for an acknowledgement the network lost, and the requester, which
-// retries into silence (forever with rxe's retry_cnt of 7) when nothing
-// answers, gets it again. Unlike a killed QP it NAKs nothing: a new request
-// goes unanswered, as at rxe once the QP is gone. Any other QP, or a
-// linger of zero or less, is removed at once, as DestroyQP removes it.
+// (RTR or later) lingers before it goes (lingerAnswer): the last request
+// it executed may still wait for an acknowledgement the network lost, and
+// the requester, which retries into silence (forever with rxe's retry_cnt
+// of 7) when nothing answers, gets it again; a request it never executed
+// goes unanswered for a quiet spell, as at rxe once the QP is gone, and is
+// NAKed after it. Any other QP, or a linger of zero or less, is removed at
+// once, as DestroyQP removes it.
 func (e *Engine) Close(qp *QP, linger time.Duration) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -538,7 +539,6 @@ func (e *Engine) Close(qp *QP, linger time.Duration) error {
 		linger = 0
 	}
 	qp.state = abi.QPSErr
-	qp.closed = true
 	e.retire(qp, linger)
 	return nil
 }

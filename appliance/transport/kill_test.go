@@ -13,8 +13,9 @@ import (
 
 // TestKill: B's QP is killed (its owner died) while A, with retry_cnt 7,
 // which never runs out, streams RDMA WRITEs or READs to it, or before A
-// posts anything. B's work is flushed at once; for the linger every
-// request A sends is NAKed with remote operational error, so A completes
+// posts anything. B's work is flushed at once; after the quiet spell, for
+// the rest of the linger, every request A sends is NAKed with remote
+// operational error, so A completes
 // what B executed before the kill successfully, the next WQE with
 // REM_OP_ERR and the rest flushed, and ends in the error state instead of
 // retrying forever. Once the linger is over by the engine's clock, B's QP
@@ -43,10 +44,10 @@ func TestKill(t *testing.T) {
 			_, err = c.qb.PostSend([]SendWR{{ID: 9, Opcode: abi.WRSend, Flags: abi.SendSignaled, SGL: sge(c.mrb, 0, 64)}})
 			must(t, err) // B's SEND waits for a receive A never posts (RNR)
 			qpn := c.qb.Num()
-			var killAt time.Time
+			var killAt, quietTo time.Time
 			kill := func() {
 				must(t, s.b.eng.Kill(c.qb, linger))
-				killAt = s.clock.now.Add(linger)
+				killAt, quietTo = s.clock.now.Add(linger), s.clock.now.Add(min(DefaultLingerQuiet, linger/2))
 				if st := c.qb.State(); st != abi.QPSErr {
 					t.Fatalf("killed QP in %v, want ERR", st)
 				}
@@ -101,9 +102,10 @@ func TestKill(t *testing.T) {
 			if s.b.eng.Stats().NAKsSent == 0 {
 				t.Fatal("B sent no NAK")
 			}
-			// A failed within the linger, answered by a QP still there.
-			if !s.clock.now.Before(killAt) || s.b.eng.qps[qpn] != c.qb {
-				t.Fatalf("A failed at %v, the linger ended at %v", s.clock.now, killAt)
+			// A failed within the linger, answered by a QP still there,
+			// and not before the quiet spell's end.
+			if !s.clock.now.Before(killAt) || s.clock.now.Before(quietTo) || s.b.eng.qps[qpn] != c.qb {
+				t.Fatalf("A failed at %v, the quiet spell ended at %v, the linger at %v", s.clock.now, quietTo, killAt)
 			}
 			s.run(1_000_000, func() bool { return s.b.eng.qps[qpn] == nil })
 			if s.clock.now.Before(killAt) {
@@ -139,6 +141,7 @@ func TestKillNAK(t *testing.T) {
 	s.run(10000, func() bool { return len(poll(c.cqa)) == 1 })
 	// B executed PSNs 1000…1002, one message: it expects 1003, MSN 1.
 	must(t, s.b.eng.Kill(c.qb, time.Minute))
+	s.clock.now = s.clock.now.Add(DefaultLingerQuiet) // past the quiet spell
 	var sent []roce.Packet
 	s.b.watch = func(f []byte) { sent = append(sent, parsed(t, f)) }
 	for _, tc := range []struct {

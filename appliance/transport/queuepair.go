@@ -99,11 +99,11 @@ type QP struct {
 	stash    *reorderStash
 
 	// Kill and Close: the QP only answers requests (lingerAnswer) until
-	// killAt, then it is removed. closed tells Close's from Kill's.
+	// killAt, then it is removed; it NAKs nothing before quietTo.
 	// lastPSN is the PSN of the last request it saw.
 	killed  bool
-	closed  bool
 	killAt  time.Time
+	quietTo time.Time
 	lastPSN roce.PSN
 
 	scratch sgl

@@ -106,6 +106,23 @@ func (qp *QP) execute(frame []byte, p *roce.Packet, ref []byte) {
 // no client's limits count.
 const maxLingering = 4096
 
+// DefaultLingerQuiet is Config.LingerQuiet's default: longer than the two
+// ends of a perftest -D run lie apart, and than a dead client's DREQ takes
+// to reach its peer.
+const DefaultLingerQuiet = 2 * time.Second
+
+// lingerQuiet is Config.LingerQuiet with its default.
+func (e *Engine) lingerQuiet() time.Duration {
+	switch q := e.cfg.LingerQuiet; {
+	case q == 0:
+		return DefaultLingerQuiet
+	case q < 0:
+		return 0
+	default:
+		return q
+	}
+}
+
 // linger makes the QP a killed or closed one until linger from now: its
 // timers stop, its queues and the packets it kept aside go, and from then
 // on lingerAnswer answers what arrives for it. e.mu is held.
@@ -123,7 +140,9 @@ func (qp *QP) linger(linger time.Duration) {
 	}
 	e.lingering++
 	qp.killed = true
-	qp.killAt = qp.e.cfg.Now().Add(linger)
+	now := qp.e.cfg.Now()
+	qp.killAt = now.Add(linger)
+	qp.quietTo = now.Add(min(e.lingerQuiet(), linger/2))
 	qp.e.timerSet(qp.killAt)
 	qp.retryAt, qp.rnrAt, qp.nakAt = time.Time{}, time.Time{}, time.Time{}
 	qp.inMsg = false
@@ -147,18 +166,25 @@ func (qp *QP) linger(linger time.Duration) {
 // Engine.Close). An RC request the QP executed before, whose answer the
 // network lost, is answered as the live QP answers a duplicate (IBA
 // 9.7.4.1.2): SEND and WRITE acknowledged again, a READ read again while
-// its region is still registered, an atomic from its saved result. Every
-// other RC request, and a duplicate that cannot be answered so, is
-// dropped by a closed QP, as rxe drops what arrives for a QP that no longer
-// exists — its peer's requester retries, as against rxe — and NAKed by a
-// killed one, whose client died without saying goodbye: with the remote
-// operational error code and the QP's MSN, with the request's PSN, or the
-// expected PSN when the request lies beyond it (the requester takes a NAK
-// as acknowledging every PSN before its own, and nothing the QP never
-// executed is acknowledged). Anything else, and a request to a QP that
-// never had a peer, is dropped.
+// its region is still registered, an atomic from its saved result.
 //
-// A killed QP NAKs once per episode, as a live one NAKs a gap once
+// Every other RC request, and a duplicate that cannot be answered so, is
+// dropped during the QP's quiet spell (lingerQuiet), as rxe drops what
+// arrives for a QP that no longer exists, and NAKed after it: with the
+// remote operational error code (AETH NAK code 3, IBA 9.7.5.2.1 table 44)
+// and the QP's MSN, with the request's PSN, or the expected PSN when the
+// request lies beyond it (the requester takes a NAK as acknowledging every
+// PSN before its own, and nothing the QP never executed is acknowledged).
+// The requester then completes its work with IBV_WC_REM_OP_ERR and moves
+// to the error state (IBA 9.9.3.1.3), where silence would leave it
+// retrying, forever with the retry_cnt of 7 rxe takes as infinite. The
+// silence first lets the peer's own end come before the error: the peer
+// of a perftest -D run, which stops on its own timer and may still poll
+// for the completion of its last request, and the peer of a dead RDMA CM
+// client, whose DREQ (its DISCONNECTED event) must come before the error.
+// Anything else, and a request to a QP that never had a peer, is dropped.
+//
+// The QP NAKs once per episode, as a live one NAKs a gap once
 // (sendSeqNAK): the requester fails at the first NAK, so the rest of its
 // window, still in flight, is dropped instead of drawing a NAK each —
 // hundreds for one PSN. An episode begins when the requester goes back: a
@@ -183,7 +209,7 @@ func (qp *QP) lingerAnswer(frame []byte, p *roce.Packet) {
 	case d > 0:
 		psn = qp.ePSN
 	}
-	if qp.closed || qp.nakSent {
+	if qp.nakSent || qp.e.cfg.Now().Before(qp.quietTo) {
 		qp.e.stats.dropped.Add(1)
 		return
 	}

@@ -45,6 +45,12 @@ type rdma struct {
 	outReads int
 	devMaxRd int
 	wcs      []verbs.WC
+	// peerLast is the count the peer's answer to this side's last WRITE
+	// of a write_lat -D run leaves in the polled byte (awaitPeerLast);
+	// peerLastOK says there is one to wait for.
+	peerLast   byte
+	peerLastOK bool
+	peerLastAt int // the polled byte's offset
 }
 
 // buffSizeOf is BUFF_SIZE.
@@ -818,9 +824,38 @@ func (d *rdma) runLatWrite(size int) (*Result, error) {
 		}
 	}
 	if p.duration {
+		// The server writes first: the client's k-th WRITE answers the
+		// server's k-th, the server's k+1-th the client's k-th.
+		d.peerLast, d.peerLastOK, d.peerLastAt = byte(scnt), true, pollOff
+		if !server {
+			d.peerLast++
+		}
 		return d.latDone(size, nil, counted, clk), nil
 	}
 	return d.latDone(size, posted, iters, clk), nil
+}
+
+// awaitPeerLast keeps this side's QP until the peer's answer to its last
+// WRITE of a write_lat -D run has arrived, the peer has gone (gone), or
+// limit has passed. Each side of a -D run stops on its own clock with no
+// message at the end, and perftest before 4.5-0.18 polls for its last
+// WRITE's completion without looking at its clock: a peer that answers
+// this side's last WRITE after this side destroyed its QP would wait for
+// that completion for ever (rxe retries without end at retry_cnt 7). The
+// QP acknowledges the answer on arrival, before its byte shows here.
+func (d *rdma) awaitPeerLast(gone <-chan struct{}, limit time.Duration) {
+	if !d.peerLastOK {
+		return
+	}
+	buf := d.mr.Bytes()
+	deadline := time.Now().Add(limit)
+	for loadByte(buf, d.peerLastAt) != d.peerLast && time.Now().Before(deadline) {
+		select {
+		case <-gone:
+			return
+		case <-time.After(50 * time.Microsecond):
+		}
+	}
 }
 
 // runLat is run_iter_lat (read_lat and atomic_lat clients): one request

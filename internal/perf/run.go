@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"strconv"
+	"time"
 
 	"github.com/taproce/taproce/internal/devwatch"
 	"github.com/taproce/taproce/internal/oobconn"
@@ -28,6 +29,10 @@ type driver interface {
 	// runs).
 	run(size int) (*Result, error)
 }
+
+// peerLastWait bounds how long a write_lat -D run waits at its end for the
+// peer's answer to its last WRITE (rdma.awaitPeerLast).
+const peerLastWait = 2 * time.Second
 
 // cacheLineSize is what perftest's get_cache_line_size finds on x86.
 const cacheLineSize = 64
@@ -389,6 +394,16 @@ func exchange(o *oob, p *params, my []Dest, d driver, pr *printer) ([]Result, er
 		if t.Verb == Write {
 			// write_lat ends without another message.
 			pr.text("%s", resultLine)
+			if a, ok := d.(interface {
+				awaitPeerLast(<-chan struct{}, time.Duration)
+			}); ok && p.duration {
+				gone := make(chan struct{})
+				go func() {
+					_, _ = io.Copy(io.Discard, o.c) // the peer's exit closes it
+					close(gone)
+				}()
+				a.awaitPeerLast(gone, peerLastWait)
+			}
 			return results, o.c.Close()
 		}
 		if err := o.closeConn(my[0], false); err != nil {
