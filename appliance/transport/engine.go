@@ -375,19 +375,36 @@ func (e *Engine) sendWhole(p *roce.Packet, ref []byte, mr *MR) bool {
 	e.flush()
 	b := e.frame()
 	p.SetPayloadLen(0)
-	if !p.IPv6 {
-		e.ipID++
-		p.ID = e.ipID
-	}
-	m, err := p.Encode(b)
-	if err != nil {
-		e.unframe()
-		e.stats.dropped.Add(1)
+	m, ok := e.encode(p, b)
+	if !ok {
 		return false
 	}
 	e.emitRef(m, ref, mr)
 	e.flush()
 	return true
+}
+
+// stampID gives an IPv4 packet the engine's next IP identification.
+// e.mu is held.
+func (e *Engine) stampID(p *roce.Packet) {
+	if !p.IPv6 {
+		e.ipID++
+		p.ID = e.ipID
+	}
+}
+
+// encode stamps p's IP identification and encodes it into b, the buffer
+// e.frame gave, whose payload is in place; when p cannot be encoded it
+// gives the buffer back, counts a drop and reports false. e.mu is held.
+func (e *Engine) encode(p *roce.Packet, b []byte) (int, bool) {
+	e.stampID(p)
+	m, err := p.Encode(b)
+	if err != nil {
+		e.unframe()
+		e.stats.dropped.Add(1)
+		return 0, false
+	}
+	return m, true
 }
 
 // flush hands the queued frames to the Output. e.mu is held.

@@ -161,10 +161,7 @@ func (e *Engine) SendMAD(src, dst netip.Addr, dmac roce.MAC, mad []byte) error {
 	defer e.mu.Unlock()
 	defer e.flush()
 	p.BTH.PSN = e.gsiPSN
-	if !v6 {
-		e.ipID++
-		p.ID = e.ipID
-	}
+	e.stampID(&p)
 	n, err := p.Build(e.frame(), mad)
 	if err != nil {
 		e.unframe()

@@ -83,14 +83,8 @@ func (qp *QP) build(p *roce.Packet, src *sgl, inline []byte, off, n uint32, mayW
 			src.copyOut(b[h:h+int(n)], off)
 		}
 	}
-	if !p.IPv6 {
-		e.ipID++
-		p.ID = e.ipID
-	}
-	m, err := p.Encode(b)
-	if err != nil {
-		e.unframe()
-		e.stats.dropped.Add(1)
+	m, ok := e.encode(p, b)
+	if !ok {
 		return
 	}
 	e.emit(m, mayWait)
