@@ -849,11 +849,13 @@ func (d *rdma) awaitPeerLast(gone <-chan struct{}, limit time.Duration) {
 	}
 	buf := d.mr.Bytes()
 	deadline := time.Now().Add(limit)
+	tick := time.NewTicker(50 * time.Microsecond)
+	defer tick.Stop()
 	for loadByte(buf, d.peerLastAt) != d.peerLast && time.Now().Before(deadline) {
 		select {
 		case <-gone:
 			return
-		case <-time.After(50 * time.Microsecond):
+		case <-tick.C:
 		}
 	}
 }
