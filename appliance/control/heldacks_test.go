@@ -113,15 +113,14 @@ func TestPollOnceBusyFlushesAcks(t *testing.T) {
 	ss.rings.Store(&[]ringWork{{q: &qpObj{qp: qb}}})
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	b := new(batch)
-	if ss.pollOnce(b) {
+	if ss.pollOnce() {
 		t.Error("pollOnce of a busy session reported work")
 	}
 	if len(outB.frames) != 0 {
 		t.Fatalf("the ACK went out before it was due: %d frames", len(outB.frames))
 	}
 	now = now.Add(delay)
-	if ss.pollOnce(b) {
+	if ss.pollOnce() {
 		t.Error("pollOnce of a busy session reported work")
 	}
 	if deliverAll(t, &outB, ea) != 1 {

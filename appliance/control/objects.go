@@ -177,8 +177,7 @@ func (ss *session) open(name string) (*abi.OpenReply, int, error) {
 	}
 	ss.dev, ss.kick = d, kick
 	ss.opened.Store(d)
-	b := new(batch)
-	pollRings := func() bool { return ss.pollOnce(b) }
+	pollRings := ss.pollOnce
 	if loop.Blocking() {
 		ss.unpoll = loop.AddSleeper(pollRings, poll.Sleeper{Fd: kick.ReadFd(), Arm: ss.tryPrepareSleep,
 			Disarm: func(rung bool) {

@@ -1,6 +1,8 @@
 package control
 
 import (
+	"sync"
+
 	"github.com/taproce/taproce/appliance/transport"
 	"github.com/taproce/taproce/verbs/abi"
 )
@@ -32,7 +34,7 @@ func (ss *session) rebuildRings() {
 // once.
 const postBatch = 32
 
-// batch holds the poller's conversions, allocated once.
+// batch holds a drain's conversions (13 KiB).
 type batch struct {
 	wqe   abi.SendWQE
 	rwqe  abi.RecvWQE
@@ -42,13 +44,36 @@ type batch struct {
 	rsges [postBatch][abi.MaxSGE]transport.SGE
 }
 
+// batches lends drains their batch: there are as many as drains under way
+// at once (the loop and its helper), not one per session, which with a
+// connection per session (1024 of them) held 16 MiB.
+var batches = sync.Pool{New: func() any { return new(batch) }}
+
+// scratch is a drain's batch, borrowed when a ring first holds something,
+// so that polling idle sessions costs no trip to the pool.
+type scratch struct{ b *batch }
+
+func (s *scratch) get() *batch {
+	if s.b == nil {
+		s.b = batches.Get().(*batch)
+	}
+	return s.b
+}
+
+func (s *scratch) put() {
+	if s.b != nil {
+		batches.Put(s.b)
+		s.b = nil
+	}
+}
+
 // pollOnce is the session's part of a pass of the appliance's polling
 // loop (Config.Loop): it posts what the rings hold and reports whether
 // they held anything; when they held nothing, it sends the held
 // acknowledgements whose time is up. A session busy with a request of its
 // client is not waited for — the loop has other work — and only its
 // acknowledgements are seen to.
-func (ss *session) pollOnce(b *batch) bool {
+func (ss *session) pollOnce() bool {
 	if ss.ctx.Err() != nil {
 		return false
 	}
@@ -56,7 +81,9 @@ func (ss *session) pollOnce(b *batch) bool {
 		ss.flushAcks()
 		return false
 	}
-	busy := ss.drainLocked(b)
+	var b scratch
+	busy := ss.drainLocked(&b)
+	b.put()
 	ss.mu.Unlock()
 	if !busy {
 		ss.flushAcks()
@@ -142,7 +169,7 @@ func (ss *session) flushAcks() {
 
 // drainLocked posts what the rings hold; it reports whether it found
 // any. ss.mu is held.
-func (ss *session) drainLocked(b *batch) bool {
+func (ss *session) drainLocked(b *scratch) bool {
 	any := false
 	for _, w := range *ss.rings.Load() {
 		if w.q != nil {
@@ -155,7 +182,7 @@ func (ss *session) drainLocked(b *batch) bool {
 	return any
 }
 
-func (ss *session) drainSend(q *qpObj, b *batch) bool {
+func (ss *session) drainSend(q *qpObj, s *scratch) bool {
 	n := min(q.sq.Len(), postBatch)
 	if n == 0 {
 		if q.sq.Err() != nil {
@@ -163,6 +190,7 @@ func (ss *session) drainSend(q *qpObj, b *batch) bool {
 		}
 		return false
 	}
+	b := s.get()
 	k := 0
 	for i := range n {
 		b.wqe.Get(q.sq.PeekAt(i))
@@ -216,13 +244,14 @@ func (ss *session) reject(q *qpObj, wr *transport.SendWR) {
 	q.scq.push(&transport.WC{ID: wr.ID, Status: abi.WCLocQPOpErr, QPNum: q.qp.Num()})
 }
 
-func (ss *session) drainRecv(q *qpObj, b *batch) bool {
+func (ss *session) drainRecv(q *qpObj, s *scratch) bool {
 	q.rmu.Lock()
 	defer q.rmu.Unlock()
 	n := min(q.rq.Len(), postBatch)
 	if n == 0 {
 		return false
 	}
+	b := s.get()
 	for i := range n {
 		b.rwqe.Get(q.rq.PeekAt(i))
 		b.recv[i] = recvWR(&b.rwqe, b.rsges[i][:])
@@ -244,13 +273,14 @@ func (ss *session) drainRecv(q *qpObj, b *batch) bool {
 	return true
 }
 
-func (ss *session) drainSRQ(s *srqObj, b *batch) bool {
+func (ss *session) drainSRQ(s *srqObj, sc *scratch) bool {
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
 	n := min(s.rq.Len(), postBatch)
 	if n == 0 {
 		return false
 	}
+	b := sc.get()
 	for i := range n {
 		b.rwqe.Get(s.rq.PeekAt(i))
 		b.recv[i] = recvWR(&b.rwqe, b.rsges[i][:])

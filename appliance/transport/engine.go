@@ -257,15 +257,16 @@ func NewEngine(cfg Config) *Engine {
 	return e
 }
 
-// newBatch allocates a batch of transmit buffers. A released batch goes
+// newBatch makes a batch with room for txBatchSize transmit buffers,
+// which frame allocates on first use, so that memory follows the frames
+// a batch has carried, not its room: a pod's engine that only ever sends
+// one frame at a time keeps one buffer per batch, not txBatchSize (64
+// pods of 16 QPs: 48 MB of never-used buffers). A released batch goes
 // back to the free list, or, when the list is full (it was made while all
 // were out), to the garbage collector.
 func (e *Engine) newBatch() *Batch {
 	e.made++
 	b := &Batch{Frames: make([][]byte, 0, txBatchSize), bufs: make([][]byte, txBatchSize), refs: make([][]byte, txBatchSize), free: e.free}
-	for i := range b.bufs {
-		b.bufs[i] = make([]byte, e.bufSize)
-	}
 	b.Release = func() {
 		b.reset()
 		select {
@@ -328,6 +329,10 @@ func (e *Engine) frame() []byte {
 		e.curBufs = 0
 	}
 	b := e.cur.bufs[e.curBufs]
+	if b == nil {
+		b = make([]byte, e.bufSize)
+		e.cur.bufs[e.curBufs] = b
+	}
 	e.curBufs++
 	return b[e.cfg.Out.Headroom():cap(b)]
 }

@@ -227,6 +227,9 @@ const (
 )
 
 // reorderStash keeps request packets that arrived ahead of their turn.
+// A slot's frame buffer is made when the slot is first used: a QP that
+// sees one packet out of order keeps one buffer, not reorderWindow (at
+// MTU 9000, 576 KiB a QP).
 type reorderStash struct {
 	slot [reorderWindow]struct {
 		psn   roce.PSN
@@ -234,15 +237,12 @@ type reorderStash struct {
 		frame []byte
 		pkt   roce.Packet
 	}
-	n int
+	n         int
+	frameSize int
 }
 
 func newReorderStash(frameSize int) *reorderStash {
-	s := &reorderStash{}
-	for i := range s.slot {
-		s.slot[i].frame = make([]byte, 0, frameSize)
-	}
-	return s
+	return &reorderStash{frameSize: frameSize}
 }
 
 // put keeps a copy of frame; it reports false when it cannot.
@@ -251,8 +251,11 @@ func (s *reorderStash) put(frame []byte, p *roce.Packet) bool {
 	if e.valid && e.psn == p.BTH.PSN {
 		return true // a duplicate of one kept
 	}
-	if e.valid || len(frame) > cap(e.frame) {
+	if e.valid || len(frame) > s.frameSize {
 		return false
+	}
+	if e.frame == nil {
+		e.frame = make([]byte, 0, s.frameSize)
 	}
 	e.frame = append(e.frame[:0], frame...)
 	e.pkt, e.psn, e.valid = *p, p.BTH.PSN, true
