@@ -50,6 +50,9 @@ type Options struct {
 	// LocalSwitch lets traffic between the appliance's own ports cross in
 	// memory instead of through their TAPs.
 	LocalSwitch bool
+	// ECN marks the ports' connected traffic ECN-capable
+	// (transport.Config.ECT).
+	ECN bool
 	// ListAllDevices lists every device to every client
 	// (control.Config).
 	ListAllDevices bool
@@ -215,6 +218,7 @@ func (a *Appliance) AddPortOn(dev tap.Device, cfg PortConfig) (*NIC, error) {
 	cfg.Loop = a.loop
 	cfg.AckDelay = a.opt.Poll.AckDelay()
 	cfg.LingerQuiet = a.opt.LingerQuiet
+	cfg.ECT = a.opt.ECN
 	user := cfg.OnLink
 	cfg.OnLink = func(up bool) {
 		a.ctrl.PortEvent(name, up)

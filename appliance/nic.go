@@ -99,7 +99,7 @@ func (n *NIC) start(p *Port) error {
 	n.cm = m
 	cfg := transport.Config{MAC: p.MAC(), GIDs: p.Station().GIDs(), MTU: p.Device().MTU(), Out: nicOutput{n},
 		Local: func(a netip.Addr) bool { return n.route(a) != nil }, AckDelay: p.cfg.AckDelay, LingerQuiet: p.cfg.LingerQuiet,
-		CommEstablished: n.commEstablished}
+		ECT: p.cfg.ECT, CommEstablished: n.commEstablished}
 	e := transport.NewEngine(cfg)
 	e.SetGSI(n.receiveMAD)
 	n.engine.Store(e)

@@ -49,6 +49,8 @@ type PortConfig struct {
 	AckDelay time.Duration
 	// LingerQuiet is transport.Config.LingerQuiet (0: its default).
 	LingerQuiet time.Duration
+	// ECT is transport.Config.ECT.
+	ECT bool
 	// Ingress and Egress impair the frames the port receives and sends.
 	Ingress, Egress impair.Spec
 	// Capture, when set, records every frame the port sends and receives:

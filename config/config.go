@@ -198,6 +198,11 @@ type Config struct {
 	// memory instead of through their TAP devices. It has no zero
 	// default: Default turns it on, a Config built in code says.
 	LocalSwitch bool
+	// ECN marks the RC and UC packets of the appliance's QPs ECN-capable
+	// (ECT(0)), as RoCE NICs do, so that a queue that marks CE instead of
+	// dropping slows their sender through CNPs (transport.Config.ECT).
+	// Default turns it on, like LocalSwitch.
+	ECN bool
 	// Poll is how the appliance waits for clients' posts and for its
 	// ports' frames: PollAdaptive, PollBlock or PollSpin.
 	Poll string
@@ -320,6 +325,7 @@ func Default() *Config {
 		StateFile:       DefaultStateFile,
 		LogLevel:        DefaultLogLevel,
 		LocalSwitch:     true,
+		ECN:             true,
 		Poll:            DefaultPoll,
 		Limits:          DefaultLimits(),
 		ApplianceLimits: DefaultApplianceLimits(),
@@ -336,7 +342,7 @@ func DefaultPort() Port {
 
 // ApplyDefaults fills in the fields of c and its ports that have a default
 // and are zero, for configurations built in code. MetricsAddress and
-// StateFile, for which empty means "none", and LocalSwitch stay as they
+// StateFile, for which empty means "none", LocalSwitch and ECN stay as they
 // are. A port without an MTU gets DefaultMTU.
 func (c *Config) ApplyDefaults() {
 	if c.Socket == "" {

@@ -51,7 +51,7 @@ func with(p Port, f func(*Port)) Port {
 }
 
 // def returns c with the defaults of an empty file in the fields it leaves
-// zero; LocalSwitch is on, as in a file that does not mention it.
+// zero; LocalSwitch and ECN are on, as in a file that does not mention them.
 func def(c Config) *Config {
 	c.ApplyDefaults()
 	d := Default()
@@ -61,7 +61,7 @@ func def(c Config) *Config {
 	if c.StateFile == "" {
 		c.StateFile = d.StateFile
 	}
-	c.LocalSwitch = true
+	c.LocalSwitch, c.ECN = true, true
 	return &c
 }
 
@@ -100,6 +100,7 @@ metrics_address = "[::1]:9100"
 state_file = "/var/lib/taproce/state.json"
 log_level = "warn"
 local_switch = false
+ecn = false
 poll = "spin"
 procs = 3
 linger = "2m30s"
@@ -427,6 +428,7 @@ namespace = "a"
 
 		// Switch, polling, linger, MTU.
 		{"local switch type", `local_switch = "yes"`, []string{"x.toml:1: local_switch: want true or false, not a string"}},
+		{"ecn type", `ecn = 1`, []string{"x.toml:1: ecn: want true or false, not an integer"}},
 		{"poll mode", `poll = "busy"`, []string{`x.toml:1: poll: "busy" is not one of adaptive, block, spin`}},
 		{"empty poll mode", `poll = ""`, []string{`x.toml:1: poll: "" is not one of adaptive, block, spin`}},
 		{"poll type", `poll = 1`, []string{"x.toml:1: poll: want a string, not an integer"}},
@@ -935,7 +937,7 @@ func TestApplyDefaults(t *testing.T) {
 	// settings whose zero value means something.
 	c = &Config{}
 	c.ApplyDefaults()
-	c.MetricsAddress, c.StateFile, c.LocalSwitch = DefaultMetricsAddress, DefaultStateFile, true
+	c.MetricsAddress, c.StateFile, c.LocalSwitch, c.ECN = DefaultMetricsAddress, DefaultStateFile, true, true
 	if !reflect.DeepEqual(c, Default()) {
 		t.Errorf("ApplyDefaults of a zero Config gave %+v, want %+v", c, Default())
 	}

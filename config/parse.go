@@ -23,7 +23,7 @@ import (
 // The keys each table knows, for unknown-key messages.
 var (
 	topKeys = []string{"socket", "socket_mode", "socket_group", "list_all_devices", "admin_socket", "metrics_address",
-		"state_file", "log_level", "local_switch", "poll", "procs", "cpus", "linger", "default_mtu", "limits",
+		"state_file", "log_level", "local_switch", "ecn", "poll", "procs", "cpus", "linger", "default_mtu", "limits",
 		"appliance_limits", "port"}
 	limitsKeys          = []string{"qps", "cqs", "srqs", "mrs", "pds", "ahs", "channels", "mr_bytes"}
 	applianceLimitsKeys = append(slices.Clone(limitsKeys), "connections", "connections_per_uid", "descriptors")
@@ -230,6 +230,8 @@ func (d *decoder) config(raw map[string]any) *Config {
 			d.str(k, v, &c.LogLevel)
 		case "local_switch":
 			d.boolean(k, v, &c.LocalSwitch)
+		case "ecn":
+			d.boolean(k, v, &c.ECN)
 		case "poll":
 			d.str(k, v, &c.Poll)
 		case "procs":

@@ -233,6 +233,7 @@ func start(ctx context.Context, cfg *config.Config, poll appliance.PollMode, log
 		ApplianceLimits: all,
 		Poll:            poll,
 		LocalSwitch:     cfg.LocalSwitch,
+		ECN:             cfg.ECN,
 		Linger:          cfg.Linger,
 		Logger:          logger,
 	}); err != nil {

@@ -91,6 +91,8 @@ var (
 	descRNRNAKs      = transportDesc("rnr_naks_total", "Receiver-not-ready NAKs, by direction.", "direction")
 	descDupRequests  = transportDesc("duplicate_requests_total", "Request packets the responder had already executed, answered again.")
 	descDupResponses = transportDesc("duplicate_responses_total", "Acknowledgements and responses the completer had already seen.")
+	descCNPs         = transportDesc("cnps_total", "Congestion notification packets (RoCEv2 Annex A17.9.3), by direction: sent for CE-marked requests, received by requesters.", "direction")
+	descWindowCuts   = transportDesc("window_cuts_total", "Times a requester's congestion window was cut, for delay, loss or CNPs.")
 	descGSIReceived  = transportDesc("gsi_mads_received_total", "MADs (IBA 13.4) QP1 received and handed to the port's connection manager.")
 	descGSISent      = transportDesc("gsi_mads_sent_total", "MADs QP1 sent.")
 	descGSIDropped   = transportDesc("gsi_mads_dropped_total", "MADs QP1 dropped, by direction and reason: received (also in packets_dropped_total) — no_handler (no connection manager), opcode (not a UD SEND), pkey (P_Key outside the default partition), qkey (not the GSI Q_Key 0x80010000), length (not 256 bytes), as rxe's checks and its MAD layer's receive buffer drop them; sent — queue_full (too many waited for address resolution), unresolved (the destination's MAC did not resolve), invalid (a MAD or address the transport refused).", "direction", "reason")
@@ -121,7 +123,7 @@ var (
 	allDescs = []*prometheus.Desc{
 		descRxFrames, descRxBytes, descTxFrames, descTxBytes, descRxErrors, descTxErrors, descDelivered, descDrops, descImpair, descMTU,
 		descSent, descReceived, descDropped, descRejected, descRetransmits, descTimeouts, descNAKs, descRNRNAKs, descDupRequests, descDupResponses,
-		descGSIReceived, descGSISent, descGSIDropped,
+		descCNPs, descWindowCuts, descGSIReceived, descGSISent, descGSIDropped,
 		descCMReceived, descCMSent, descCMRetries, descCMDuplicates, descCMTimeouts, descCMDropped, descCMIDs,
 		descPorts, descClients, descPDs, descMRs, descMRBytes, descCQs, descQPs, descSRQs, descAHs, descChannels, descClientFds,
 		descRefused, descSwitch, descAttachments,
@@ -196,6 +198,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descRNRNAKs, t.RNRNAKsReceived, dev, port, "received")
 		counter(descDupRequests, t.DuplicateRequests, dev, port)
 		counter(descDupResponses, t.DuplicateResponses, dev, port)
+		counter(descCNPs, t.CNPsSent, dev, port, "sent")
+		counter(descCNPs, t.CNPsReceived, dev, port, "received")
+		counter(descWindowCuts, t.WindowCuts, dev, port)
 		counter(descGSIReceived, t.GSIReceived, dev, port)
 		counter(descGSISent, t.GSISent, dev, port)
 		for r, v := range t.GSIDropped {

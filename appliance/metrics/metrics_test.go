@@ -74,6 +74,8 @@ func TestCollector(t *testing.T) {
 		`taproce_port_impaired_frames_total{action="duplicated",device="taproce1",direction="egress",port="nsb/` + b.Name() + `"} `,
 		`taproce_port_impaired_frames_total{action="dropped",device="taproce1",direction="egress",port="nsb/` + b.Name() + `"} 0`,
 		"taproce_transport_retransmits_total{" + devB + "} 0",
+		"taproce_transport_window_cuts_total{" + devB + "} 0",
+		`taproce_transport_cnps_total{device="taproce1",direction="sent",port="nsb/` + b.Name() + `"} 0`,
 		`taproce_transport_naks_total{device="taproce0",direction="sent",port="nsa/` + a.Name() + `"} 0`,
 		`taproce_transport_rnr_naks_total{device="taproce0",direction="received",port="nsa/` + a.Name() + `"} 0`,
 		"taproce_transport_duplicate_requests_total{" + devA + "} 0",

@@ -25,6 +25,7 @@ func (qp *QP) complete(frame []byte, p *roce.Packet, ref []byte) {
 		qp.e.stats.dupResponses.Add(1) // still applied: completing is idempotent
 	}
 	progress := false
+	prev := qp.acked
 	switch p.BTH.Opcode {
 	case roce.RCAcknowledge:
 		syn := p.AETH.Syndrome
@@ -44,6 +45,7 @@ func (qp *QP) complete(frame []byte, p *roce.Packet, ref []byte) {
 			if qp.attr.RNRRetry != 7 {
 				qp.rnrLeft--
 			}
+			qp.congested()
 			qp.rewind(psn)
 			qp.rnrAt = qp.e.cfg.Now().Add(RNRDelay(syn.Value()))
 			qp.e.timerSet(qp.rnrAt)
@@ -67,6 +69,7 @@ func (qp *QP) complete(frame []byte, p *roce.Packet, ref []byte) {
 				if qp.attr.RetryCnt != 7 {
 					qp.retryLeft--
 				}
+				qp.congested()
 				qp.rewind(psn)
 			case roce.NAKInvalidRequest:
 				qp.toError(abi.WCRemInvReqErr, true)
@@ -91,6 +94,9 @@ func (qp *QP) complete(frame []byte, p *roce.Packet, ref []byte) {
 	}
 	if qp.state == abi.QPSErr {
 		return
+	}
+	if qp.cc.on {
+		qp.cc.acked(qp.acked, qp.acked.Diff(prev), qp.maxWindow(), qp.e.cfg.Now())
 	}
 	if progress {
 		qp.retryLeft, qp.rnrLeft = qp.attr.RetryCnt, qp.attr.RNRRetry

@@ -110,6 +110,12 @@ type Config struct {
 	// a test or a fuzzer sees the same numbers every run. 0 seeds them
 	// from crypto/rand: nobody on the network can predict them.
 	Seed uint64
+	// ECT marks the packets of connected QPs ECN-capable, ECT(0), so that
+	// a congested queue that marks CE instead of dropping tells their
+	// responder, which answers with a CNP (cc.go). Without it the traffic
+	// class goes out as given, as rxe sends it. CE marks are answered and
+	// CNPs obeyed either way.
+	ECT bool
 }
 
 // Stats counts what an engine did.
@@ -137,6 +143,11 @@ type Stats struct {
 	// packets for QP1 dropped (in Dropped too, not in Rejected).
 	GSIReceived, GSISent uint64
 	GSIDropped           [NumGSIDropReasons]uint64
+	// CNPsSent counts the congestion notifications the responders sent
+	// for CE-marked requests, CNPsReceived those the requesters took;
+	// WindowCuts the times a requester's congestion window was cut, for
+	// delay, loss or CNPs (cc.go).
+	CNPsSent, CNPsReceived, WindowCuts uint64
 }
 
 // RejectReason says why the engine refused a packet addressed to one of
@@ -206,6 +217,7 @@ type Engine struct {
 		rejected                                       [NumRejectReasons]atomic.Uint64
 		gsiReceived, gsiSent                           atomic.Uint64
 		gsiDropped                                     [NumGSIDropReasons]atomic.Uint64
+		cnpSent, cnpReceived, windowCuts               atomic.Uint64
 	}
 }
 
@@ -299,6 +311,7 @@ func (e *Engine) Stats() Stats {
 		NAKsSent: e.stats.naksSent.Load(), NAKsReceived: e.stats.naksReceived.Load(),
 		DuplicateRequests: e.stats.dupRequests.Load(), DuplicateResponses: e.stats.dupResponses.Load(),
 		GSIReceived: e.stats.gsiReceived.Load(), GSISent: e.stats.gsiSent.Load(),
+		CNPsSent: e.stats.cnpSent.Load(), CNPsReceived: e.stats.cnpReceived.Load(), WindowCuts: e.stats.windowCuts.Load(),
 	}
 	for r := range s.Rejected {
 		s.Rejected[r] = e.stats.rejected[r].Load()
@@ -654,6 +667,13 @@ func (e *Engine) FlushAcks() {
 func (e *Engine) receiveLocked(frame []byte, p *roce.Packet, ref []byte) {
 	e.stats.received.Add(1)
 	qp := e.qps[p.BTH.DestQP]
+	if qp != nil && p.BTH.Opcode == roce.CNP && qp.cfg.Type != abi.UD && !qp.killed {
+		if _, ok := qp.admit(p); ok {
+			e.stats.cnpReceived.Add(1)
+			qp.cc.cnp(e.cfg.Now())
+			return
+		}
+	}
 	if qp == nil || !qp.acceptsTransport(p.BTH.Opcode) {
 		e.stats.dropped.Add(1)
 		return

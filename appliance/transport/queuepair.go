@@ -106,6 +106,8 @@ type QP struct {
 	quietTo time.Time
 	lastPSN roce.PSN
 
+	cc congestion
+
 	scratch sgl
 	local   bool              // the destination is on a local switch: whole-message frames
 	addRecv func(RecvWR) bool // addRecvLocked, bound once for Refill
@@ -252,6 +254,7 @@ func (qp *QP) reset() {
 	qp.cacheN = 0
 	qp.retryAt, qp.rnrAt, qp.nakAt = time.Time{}, time.Time{}, time.Time{}
 	qp.tmpl = roce.Packet{}
+	qp.cc = congestion{}
 	if qp.stash != nil {
 		qp.stash.clear()
 	}
@@ -280,6 +283,10 @@ func (qp *QP) prepare() {
 	qp.src, _ = e.sourceAddr(a.AV.SGIDIndex)
 	qp.sport = roce.ConnectedSourcePort(a.AV.FlowLabel, qp.num, a.DestQPN)
 	qp.tmpl = qp.template(a.AV.DstIP, a.AV.DstMAC, a.DestQPN, a.AV.TClass, a.AV.FlowLabel)
+	if e.cfg.ECT {
+		qp.tmpl.TOS = qp.tmpl.TOS&^roce.ECNMask | roce.ECT0
+	}
+	qp.cc.reset(qp.cfg.Type == abi.RC && !qp.local, qp.maxWindow(), e.cfg.Now(), &e.stats.windowCuts)
 }
 
 // HopLimit is the IPv4 TTL or IPv6 hop limit of every packet an engine
@@ -583,6 +590,7 @@ func (qp *QP) tick(now time.Time) {
 		if qp.attr.RetryCnt != 7 {
 			qp.retryLeft--
 		}
+		qp.congested()
 		// READs and atomics whose answer is still missing may be asked
 		// for again, once more each.
 		for i := qp.sqHead; i < qp.sqNext; i++ {

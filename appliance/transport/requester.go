@@ -27,11 +27,15 @@ const (
 // in flight sixteen at a time, not one, moved at half the speed
 // (BenchmarkLabSpeed's local-write, 9.1–9.5 against 19–22 GB/s): their
 // buffers no longer stay in the cache.
-func (qp *QP) window() int { return max(maxInflight, inflightBytes/max(qp.pmtu, 1)) }
+// Below it, the congestion window (cc.go) bounds a QP over a wire.
+func (qp *QP) window() int { return qp.cc.limit(qp.maxWindow()) }
+
+// maxWindow is the fixed window, the hard cap on packets in flight.
+func (qp *QP) maxWindow() int { return max(maxInflight, inflightBytes/max(qp.pmtu, 1)) }
 
 // ackEvery returns how many packets of a long message qp sends before one
 // asks for an acknowledgement.
-func (qp *QP) ackEvery() int { return max(maxPktsPerAck, ackBytes/max(qp.pmtu, 1)) }
+func (qp *QP) ackEvery() int { return qp.cc.ackEvery(max(maxPktsPerAck, ackBytes/max(qp.pmtu, 1))) }
 
 // readChunk is the most packets one READ request asks for. A longer READ
 // is asked for in pieces with consecutive PSNs, two pieces ahead of what
@@ -94,6 +98,9 @@ func (qp *QP) build(p *roce.Packet, src *sgl, inline []byte, off, n uint32, mayW
 			end = p.BTH.PSN.Add(roce.ReadPSNs(p.RETH.DMALen, qp.pmtu))
 		}
 		if end.Diff(qp.sentTo) > 0 {
+			if p.BTH.AckReq && qp.cc.on {
+				qp.cc.sent(end.Add(-1), e.cfg.Now())
+			}
 			qp.sentTo = end
 		}
 	}
@@ -470,6 +477,7 @@ func (qp *QP) rewind(psn roce.PSN) {
 			}
 			qp.psn = psn
 			qp.noAckPkts = 0
+			qp.cc.forget() // what is sent again cannot be timed
 			qp.e.stats.retransmits.Add(1)
 			return
 		}

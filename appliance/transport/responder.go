@@ -20,6 +20,9 @@ func (qp *QP) respond(frame []byte, p *roce.Packet, ref []byte) {
 		qp.receiveUD(frame, p)
 		return
 	}
+	if p.TOS&roce.ECNMask == roce.ECNCE {
+		qp.sendCNP()
+	}
 	d := p.BTH.PSN.Diff(qp.ePSN)
 	switch {
 	case d < 0:

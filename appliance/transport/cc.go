@@ -1,0 +1,275 @@
+package transport
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/taproce/taproce/appliance/roce"
+)
+
+// Congestion control of an RC queue pair's requester over a wire (not the
+// local switch, whose frames are memory). A window of packets, cwnd,
+// bounds what the QP has in flight below the fixed window (QP.window).
+// It answers three signals:
+//
+//   - delay, as Swift does: the round trip of requests that ask for an
+//     acknowledgement, against the least seen on the path (base). The
+//     least of the last ccEpochs epochs' least round trips (an epoch is a
+//     smoothed round trip long) above base + max(ccSlack, base) cuts the
+//     window in proportion to the excess, at most once a round trip; so
+//     a queue that builds behind a slower link is held short of its drop
+//     point (a tbf, a switch), where go-back-N would resend the window.
+//     A single late sample — a receiver that stalls, a scheduler's delay
+//     — is not a queue: it must last three epochs. base is the least of
+//     the current and the previous ccBasePeriod, so that a host that
+//     becomes busy for good (every round trip longer, whatever the
+//     windows) raises it within a second instead of reading as a queue
+//     for ever: with a base from an idle host the windows of a loaded
+//     one collapsed to 2 packets.
+//   - loss (a sequence NAK, a local ACK timeout, an RNR NAK): the window
+//     halves, once per loss episode (until what was in flight when it
+//     began is acknowledged), as TCP's fast recovery does.
+//   - ECN: CNPs (RoCEv2 Annex A17.9.3) from the responder, which saw
+//     CE-marked requests: the window is cut by alpha/2 at most once a
+//     round trip, alpha the share of round trips that brought a CNP
+//     (DCTCP's estimate, DCQCN's reaction point), and the delay rule
+//     rests while CNPs flow: the marks say where the queue is.
+//
+// A QP starts with the whole fixed window, as a RoCE NIC starts at line
+// rate (DCQCN): on an open path the control costs nothing. Between cuts
+// the window grows by one packet a round trip, and doubles each round
+// trip (slow start) once the path has shown no signal for ccForget.
+const (
+	ccMinWindow  = 1.0
+	ccSlack      = 100 * time.Microsecond
+	ccBeta       = 0.8
+	ccMaxCut     = 0.5
+	ccEpochs     = 3
+	ccBasePeriod = 500 * time.Millisecond
+	ccForget     = 500 * time.Millisecond
+	ccStamps     = 8
+	ccAlphaGain  = 1.0 / 16
+	// ccCNPRest is how long after a CNP the delay rule rests.
+	ccCNPRest = 10 * time.Millisecond
+	// cnpGap is the least time between two CNPs a QP sends: one per
+	// 50 µs per flow, as DCQCN's notification point generates them.
+	cnpGap = 50 * time.Microsecond
+)
+
+// ccStamp is a request that asked for an acknowledgement: the PSN whose
+// acknowledgement ends its round trip, and when it was sent.
+type ccStamp struct {
+	psn roce.PSN
+	at  time.Time
+}
+
+// congestion is a QP's congestion control state (see above).
+type congestion struct {
+	on   bool    // the QP is controlled: RC over a wire
+	cwnd float64 // packets
+	slow bool    // slow start: doubling each round trip
+
+	srtt           time.Duration
+	base, basePrev time.Duration // least round trips of this and the last period
+	baseFrom       time.Time     // when this period began
+
+	epochEnd time.Time
+	epochMin time.Duration // 0: no sample yet this epoch
+	epochCNP bool          // a CNP came this epoch
+	mins     [ccEpochs]time.Duration
+	nmins    int
+
+	cutAt    time.Time // the last cut (delay or CNP)
+	signalAt time.Time // the last congestion signal of any kind
+	cnpAt    time.Time // the last CNP received
+	alpha    float64
+
+	lossOn bool
+	lossTo roce.PSN // the episode ends when the acknowledgements pass it
+
+	stamps [ccStamps]ccStamp
+	ns     int
+
+	cnpSentAt time.Time // the responder's last CNP
+
+	cuts *atomic.Uint64 // the engine's count of cuts
+}
+
+// reset starts control afresh for a new connection.
+func (c *congestion) reset(on bool, window int, now time.Time, cuts *atomic.Uint64) {
+	*c = congestion{on: on, cwnd: float64(window), alpha: 1, baseFrom: now, signalAt: now, cuts: cuts}
+}
+
+// limit returns the packets the window allows in flight, at most max.
+func (c *congestion) limit(max int) int {
+	if !c.on {
+		return max
+	}
+	return min(max, int(c.cwnd))
+}
+
+// sent records a new request that asks for an acknowledgement, ending at
+// last (a READ's last response PSN).
+func (c *congestion) sent(last roce.PSN, now time.Time) {
+	if c.on && c.ns < ccStamps {
+		c.stamps[c.ns] = ccStamp{psn: last, at: now}
+		c.ns++
+	}
+}
+
+// forget drops the stamps: what is sent again cannot be timed (Karn).
+func (c *congestion) forget() { c.ns = 0 }
+
+// acked takes an acknowledgement up to acked that was news for n
+// packets: it times the stamps it covers and grows the window.
+func (c *congestion) acked(acked roce.PSN, n int, max int, now time.Time) {
+	if !c.on {
+		return
+	}
+	k := 0
+	for i := 0; i < c.ns; i++ {
+		if s := c.stamps[i]; s.psn.Diff(acked) <= 0 {
+			c.sample(now.Sub(s.at), now)
+		} else {
+			c.stamps[k] = s
+			k++
+		}
+	}
+	c.ns = k
+	if c.lossOn && c.lossTo.Diff(acked) <= 0 {
+		c.lossOn = false
+	}
+	if n <= 0 || c.lossOn {
+		return
+	}
+	if !c.slow && now.Sub(c.signalAt) > ccForget {
+		c.slow = true
+	}
+	if c.slow {
+		c.cwnd += float64(n)
+	} else {
+		c.cwnd += float64(n) / c.cwnd
+	}
+	c.cwnd = min(c.cwnd, float64(max))
+}
+
+// sample takes a round trip.
+func (c *congestion) sample(rtt time.Duration, now time.Time) {
+	if rtt <= 0 {
+		rtt = 1
+	}
+	if c.srtt == 0 {
+		c.srtt = rtt
+	} else {
+		c.srtt += (rtt - c.srtt) / 8
+	}
+	if now.Sub(c.baseFrom) >= ccBasePeriod {
+		c.basePrev, c.base, c.baseFrom = c.base, rtt, now
+	} else if c.base == 0 || rtt < c.base {
+		c.base = rtt
+	}
+	if c.epochMin == 0 || rtt < c.epochMin {
+		c.epochMin = rtt
+	}
+	if now.Before(c.epochEnd) {
+		return
+	}
+	// The epoch is over: judge it.
+	copy(c.mins[1:], c.mins[:ccEpochs-1])
+	c.mins[0] = c.epochMin
+	c.nmins = min(c.nmins+1, ccEpochs)
+	if c.epochCNP {
+		c.alpha += ccAlphaGain * (1 - c.alpha)
+	} else {
+		c.alpha -= ccAlphaGain * c.alpha
+	}
+	c.epochMin, c.epochCNP, c.epochEnd = 0, false, now.Add(c.srtt)
+	if c.nmins < ccEpochs || now.Sub(c.cnpAt) < ccCNPRest || now.Sub(c.cutAt) < c.srtt {
+		return
+	}
+	m := c.mins[0]
+	for _, v := range c.mins[1:] {
+		m = min(m, v)
+	}
+	base := c.base
+	if c.basePrev != 0 {
+		base = min(base, c.basePrev)
+	}
+	target := base + max(ccSlack, base)
+	if m <= target {
+		return
+	}
+	f := max(1-ccBeta*float64(m-target)/float64(m), 1-ccMaxCut)
+	c.cut(f, now)
+}
+
+// cut multiplies the window by f, ends slow start and notes the signal.
+func (c *congestion) cut(f float64, now time.Time) {
+	c.cwnd = max(ccMinWindow, c.cwnd*f)
+	c.cuts.Add(1)
+	c.slow = false
+	c.cutAt, c.signalAt = now, now
+}
+
+// loss takes a sequence NAK, a local ACK timeout or an RNR NAK; sentTo is
+// one past the highest PSN sent.
+func (c *congestion) loss(sentTo roce.PSN, now time.Time) {
+	if !c.on {
+		return
+	}
+	c.forget()
+	if c.lossOn {
+		return
+	}
+	c.lossOn, c.lossTo = true, sentTo.Add(-1)
+	c.cut(0.5, now)
+}
+
+// cnp takes a congestion notification.
+func (c *congestion) cnp(now time.Time) {
+	if !c.on {
+		return
+	}
+	c.cnpAt, c.epochCNP = now, true
+	c.signalAt = now
+	if now.Sub(c.cutAt) < max(c.srtt, cnpGap) {
+		return
+	}
+	c.cut(1-c.alpha/2, now)
+}
+
+// ackEvery bounds how many packets go between two that ask for an
+// acknowledgement: at least two a window, or a window smaller than
+// maxPktsPerAck would fill with nothing asking and wait for the local
+// ACK timeout.
+func (c *congestion) ackEvery(every int) int {
+	if !c.on {
+		return every
+	}
+	return max(1, min(every, int(c.cwnd)/2))
+}
+
+// sendCNP answers a CE-marked request with a congestion notification
+// packet to its sender (RoCEv2 Annex A17.9.3: opcode CNP, the sender's
+// QP, PSN 0, BECN set, 16 reserved bytes), at most one per cnpGap. The
+// CNP itself is not ECN-capable, so that it is never marked.
+func (qp *QP) sendCNP() {
+	now := qp.e.cfg.Now()
+	if !qp.cc.cnpSentAt.IsZero() && now.Sub(qp.cc.cnpSentAt) < cnpGap {
+		return
+	}
+	qp.cc.cnpSentAt = now
+	p := qp.tmpl
+	p.TOS &^= roce.ECNMask
+	p.BTH.Opcode = roce.CNP
+	p.BTH.PSN, p.BTH.AckReq, p.BTH.SolicitedEvent, p.BTH.BECN = 0, false, false, true
+	p.RETH, p.AtomicETH, p.Imm, p.IETH = roce.RETHFields{}, roce.AtomicETHFields{}, 0, 0
+	qp.e.stats.cnpSent.Add(1)
+	qp.build(&p, nil, nil, 0, 0, false)
+}
+
+// congested takes a loss signal (a sequence NAK, a local ACK timeout, an
+// RNR NAK) for the congestion window.
+func (qp *QP) congested() {
+	qp.cc.loss(qp.sentTo, qp.e.cfg.Now())
+}

@@ -1,0 +1,183 @@
+package transport
+
+import (
+	"math"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/taproce/taproce/appliance/roce"
+)
+
+// ccAt drives one congestion state on a fake clock: each round trip, the
+// window's packets are sent as one stamped request and acknowledged rtt
+// later.
+type ccAt struct {
+	c    congestion
+	now  time.Time
+	psn  roce.PSN
+	cuts atomic.Uint64
+}
+
+func newCCAt(window int) *ccAt {
+	a := &ccAt{now: time.Unix(1000, 0)}
+	a.c.reset(true, window, a.now, &a.cuts)
+	return a
+}
+
+// round sends a window, waits rtt and takes its acknowledgement.
+func (a *ccAt) round(rtt time.Duration, max int) {
+	n := a.c.limit(max)
+	a.psn = a.psn.Add(n)
+	a.c.sent(a.psn.Add(-1), a.now)
+	a.now = a.now.Add(rtt)
+	a.c.acked(a.psn.Add(-1), n, max, a.now)
+}
+
+func TestCongestionSignals(t *testing.T) {
+	const max = 128
+	base := 50 * time.Microsecond
+	for _, tc := range []struct {
+		name string
+		run  func(t *testing.T, a *ccAt)
+		// want checks the state after the run.
+		want func(a *ccAt) string
+	}{
+		{"open path: the whole window, no cut", func(t *testing.T, a *ccAt) {
+			for range 100 {
+				a.round(base, max)
+			}
+		}, func(a *ccAt) string {
+			if a.c.limit(max) != max || a.cuts.Load() != 0 {
+				return "cut on an open path"
+			}
+			return ""
+		}},
+		{"a queue for three epochs cuts, in proportion", func(t *testing.T, a *ccAt) {
+			for range 10 {
+				a.round(base, max)
+			}
+			for range 4 {
+				a.round(4*base, max) // 200 µs: 100 µs over the target
+			}
+		}, func(a *ccAt) string {
+			if a.cuts.Load() == 0 || a.c.cwnd >= max || a.c.cwnd < max*(1-ccMaxCut)*(1-ccMaxCut) {
+				return "want a cut of at most half a round trip"
+			}
+			return ""
+		}},
+		{"one late epoch is not a queue", func(t *testing.T, a *ccAt) {
+			for range 10 {
+				a.round(base, max)
+			}
+			a.round(20*base, max)
+			for range 10 {
+				a.round(base, max)
+			}
+		}, func(a *ccAt) string {
+			if a.cuts.Load() != 0 {
+				return "a single late round trip cut the window"
+			}
+			return ""
+		}},
+		{"a slower host raises the base within two periods", func(t *testing.T, a *ccAt) {
+			for range 10 {
+				a.round(base, max)
+			}
+			// Every round trip 10× longer for good: cuts at first, then
+			// the base follows and the window grows back.
+			for a.now.Before(time.Unix(1000, 0).Add(2*ccBasePeriod + 10*time.Millisecond)) {
+				a.round(10*base, max)
+			}
+			a.c.cwnd = 8
+			for range 200 {
+				a.round(10*base, max)
+			}
+		}, func(a *ccAt) string {
+			if a.c.cwnd < 8+100 && a.c.cwnd < max {
+				return "the window did not grow once the base followed the host"
+			}
+			return ""
+		}},
+		{"loss halves once per episode", func(t *testing.T, a *ccAt) {
+			a.c.cwnd = 64
+			a.c.loss(a.psn.Add(64), a.now)
+			a.c.loss(a.psn.Add(64), a.now) // the same episode
+		}, func(a *ccAt) string {
+			if a.c.cwnd != 32 || a.cuts.Load() != 1 {
+				return "want one halving"
+			}
+			return ""
+		}},
+		{"a new episode after the old one is acknowledged", func(t *testing.T, a *ccAt) {
+			a.c.cwnd = 64
+			a.c.loss(a.psn.Add(10), a.now)
+			a.c.acked(a.psn.Add(10), 10, max, a.now) // the episode ends
+			a.c.loss(a.psn.Add(20), a.now)
+		}, func(a *ccAt) string {
+			if a.cuts.Load() != 2 || a.c.cwnd > 17 {
+				return "want two halvings"
+			}
+			return ""
+		}},
+		{"CNPs cut by alpha/2 once a round trip and rest the delay rule", func(t *testing.T, a *ccAt) {
+			for range 10 {
+				a.round(base, max)
+			}
+			// alpha, 1 at the start, decays by 1/16 each round trip
+			// without a CNP.
+			if want := math.Pow(1-ccAlphaGain, 10); math.Abs(a.c.alpha-want) > 1e-9 {
+				t.Fatalf("alpha %v after 10 round trips, want %v", a.c.alpha, want)
+			}
+			a.c.cnp(a.now)
+			a.c.cnp(a.now.Add(time.Microsecond)) // within the round trip
+		}, func(a *ccAt) string {
+			if want := max * (1 - math.Pow(1-ccAlphaGain, 10)/2); a.cuts.Load() != 1 || math.Abs(a.c.cwnd-want) > 1e-9 {
+				return "want one cut by alpha/2"
+			}
+			for range 5 {
+				a.round(4*base, max) // a queue for five epochs: cut but for the CNPs
+			}
+			if a.cuts.Load() != 1 {
+				return "the delay rule cut while CNPs flow"
+			}
+			return ""
+		}},
+		{"after ccForget without a signal the window doubles each round trip", func(t *testing.T, a *ccAt) {
+			a.c.cwnd = 4
+			a.c.slow, a.c.signalAt = false, a.now
+			a.now = a.now.Add(ccForget + time.Millisecond)
+			for range 5 {
+				a.round(base, max)
+			}
+		}, func(a *ccAt) string {
+			if a.c.cwnd < 100 {
+				return "slow start did not return"
+			}
+			return ""
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := newCCAt(max)
+			tc.run(t, a)
+			if msg := tc.want(a); msg != "" {
+				t.Errorf("%s: cwnd %.1f, cuts %d, base %v/%v, srtt %v", msg, a.c.cwnd, a.cuts.Load(), a.c.base, a.c.basePrev, a.c.srtt)
+			}
+		})
+	}
+}
+
+// TestCongestionAckEvery: a window smaller than maxPktsPerAck still asks
+// for two acknowledgements a window, or it would wait for the timeout.
+func TestCongestionAckEvery(t *testing.T) {
+	a := newCCAt(128)
+	for _, tc := range []struct {
+		cwnd float64
+		want int
+	}{{128, 32}, {16, 8}, {3, 1}, {1, 1}} {
+		a.c.cwnd = tc.cwnd
+		if got := a.c.ackEvery(32); got != tc.want {
+			t.Errorf("cwnd %v: ackEvery %d, want %d", tc.cwnd, got, tc.want)
+		}
+	}
+}
