@@ -181,3 +181,24 @@ func TestCongestionAckEvery(t *testing.T) {
 		}
 	}
 }
+
+// TestCongestionFlowScaling: a small window tolerates more delay, up to
+// ccFlowRange at the least window and nothing at the fixed one.
+func TestCongestionFlowScaling(t *testing.T) {
+	a := newCCAt(128)
+	prev := time.Duration(-1)
+	for _, w := range []float64{128, 64, 16, 4, 1} {
+		a.c.cwnd = w
+		fs := a.c.flowScaling()
+		if fs < prev || fs < 0 || fs > ccFlowRange {
+			t.Errorf("cwnd %v: flow scaling %v after %v, want growing as the window shrinks, within 0..%v", w, fs, prev, ccFlowRange)
+		}
+		prev = fs
+	}
+	if a.c.cwnd = 128; a.c.flowScaling() != 0 {
+		t.Errorf("the fixed window: %v, want 0", a.c.flowScaling())
+	}
+	if a.c.cwnd = 1; a.c.flowScaling() < ccFlowRange-time.Microsecond {
+		t.Errorf("the least window: %v, want %v", a.c.flowScaling(), ccFlowRange)
+	}
+}

@@ -69,6 +69,9 @@ type Topology struct {
 	// of through the TAPs and the veth (off: the lab's traffic crosses the
 	// wire as between two machines).
 	LocalSwitch bool
+	// ECN marks the ports' connected traffic ECN-capable
+	// (appliance.Options.ECN).
+	ECN bool
 	// Poll is how the appliance waits for its clients' posts.
 	Poll appliance.PollMode
 	// Procs is how many processors the lab's process runs on while
@@ -225,7 +228,7 @@ func Build(t Topology) (l *Lab, err error) {
 	if l.clientCPUs, err = clientCPUs(t.CPUs); err != nil {
 		return nil, err
 	}
-	if l.App, err = appliance.New(appliance.Options{Socket: t.Socket, LocalSwitch: t.LocalSwitch, Poll: t.Poll, Logger: t.Logger}); err != nil {
+	if l.App, err = appliance.New(appliance.Options{Socket: t.Socket, LocalSwitch: t.LocalSwitch, ECN: t.ECN, Poll: t.Poll, Logger: t.Logger}); err != nil {
 		return nil, fmt.Errorf("lab: %w", err)
 	}
 	defer func() {
