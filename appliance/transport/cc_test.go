@@ -1,12 +1,15 @@
 package transport
 
 import (
+	"bytes"
 	"math"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/internal/impair"
+	"github.com/taproce/taproce/verbs/abi"
 )
 
 // ccAt drives one congestion state on a fake clock: each round trip, the
@@ -200,5 +203,74 @@ func TestCongestionFlowScaling(t *testing.T) {
 	}
 	if a.c.cwnd = 1; a.c.flowScaling() < ccFlowRange-time.Microsecond {
 		t.Errorf("the least window: %v, want %v", a.c.flowScaling(), ccFlowRange)
+	}
+}
+
+// TestCongestionCNP: with ECT on, A's requests leave ECT(0); the link
+// marks some CE; B answers them with CNPs, which A takes: its window is
+// cut, and every WRITE still completes with its data.
+func TestCongestionCNP(t *testing.T) {
+	s := newSim(t, impair.Spec{}, 9000)
+	s.a.eng.cfg.ECT = true
+	c := s.connect(connOpts{pmtu: abi.MTU4096, size: 4 << 20})
+	var requests, notECT, marked int
+	s.a.drop = func(f []byte) bool {
+		var p roce.Packet
+		if roce.Parse(f, &p) != nil || !p.Info().Has(roce.Request) {
+			return false
+		}
+		requests++
+		if p.TOS&roce.ECNMask != roce.ECT0 {
+			notECT++
+		}
+		if requests%8 == 0 {
+			// CE, and the IPv4 header checksum again; the ICRC does not
+			// cover the ECN bits.
+			f[15] |= roce.ECNCE
+			f[24], f[25] = 0, 0
+			var sum uint32
+			for i := 14; i < 34; i += 2 {
+				sum += uint32(f[i])<<8 | uint32(f[i+1])
+			}
+			for sum > 0xffff {
+				sum = sum&0xffff + sum>>16
+			}
+			f[24], f[25] = byte(^sum>>8), byte(^sum)
+			marked++
+		}
+		return false
+	}
+	for i := range c.bufa[:1<<20] {
+		c.bufa[i] = byte(i * 7)
+	}
+	var wrs []SendWR
+	for i := range 16 {
+		wrs = append(wrs, SendWR{ID: uint64(i), Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled,
+			SGL:        []SGE{{Addr: 0x10000 + uint64(i)<<16, Length: 1 << 16, LKey: c.mra.LKey}},
+			RemoteAddr: 0x10000 + 2<<20 + uint64(i)<<16, RKey: c.mrb.RKey})
+	}
+	_, err := c.qa.PostSend(wrs)
+	must(t, err)
+	var got []WC
+	s.run(1000000, func() bool { got = append(got, poll(c.cqa)...); return len(got) == len(wrs) })
+	for i, wc := range got {
+		if wc.Status != abi.WCSuccess || wc.ID != uint64(i) {
+			t.Fatalf("completion %d: %+v", i, wc)
+		}
+	}
+	if !bytes.Equal(c.bufb[2<<20:3<<20], c.bufa[:1<<20]) {
+		t.Error("WRITE data differs")
+	}
+	sa, sb := s.a.eng.Stats(), s.b.eng.Stats()
+	t.Logf("%d requests, %d marked CE; B sent %d CNPs, A received %d, cut its window %d times to %.1f packets",
+		requests, marked, sb.CNPsSent, sa.CNPsReceived, sa.WindowCuts, c.qa.cc.cwnd)
+	if notECT != 0 {
+		t.Errorf("%d of %d requests were not ECT(0)", notECT, requests)
+	}
+	if sb.CNPsSent == 0 || sa.CNPsReceived != sb.CNPsSent || sa.WindowCuts == 0 || c.qa.cc.cwnd >= float64(c.qa.maxWindow()) {
+		t.Error("want CNPs sent for the marks, every one received, and the window cut")
+	}
+	if sa.CNPsSent != 0 || sb.CNPsReceived != 0 {
+		t.Errorf("CNPs the other way: A sent %d, B received %d", sa.CNPsSent, sb.CNPsReceived)
 	}
 }
