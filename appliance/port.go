@@ -239,7 +239,7 @@ func NewPort(dev tap.Device, cfg PortConfig) (*Port, error) {
 	// A blocking loop sleeps on the device's descriptor; a read that
 	// finds nothing costs a system call.
 	p.unpoll = cfg.Loop.AddSleeper(p.pollOnce, poll.Sleeper{Fd: dev.Fd(), Costly: true})
-	if holds(cfg.Ingress) || holds(cfg.Egress) {
+	if cfg.Ingress.Holds() || cfg.Egress.Holds() {
 		p.wg.Add(1)
 		go p.flushLoop()
 	}
@@ -267,10 +267,6 @@ func (p *Port) runOwnLoop() (*poll.Loop, error) {
 	}
 	return l, nil
 }
-
-// holds reports whether an impairment holds frames back for later, so
-// that someone must release them when they fall due.
-func holds(s impair.Spec) bool { return s.Delay > 0 || s.Reorder > 0 }
 
 // Station returns the port's station.
 func (p *Port) Station() *station.Station { return p.st }
@@ -504,7 +500,8 @@ func (p *Port) recvRoCE(frame []byte) {
 
 func (p *Port) drop(r station.DropReason) { p.drops[r].Add(1) }
 
-// flushLoop releases delayed and reordered frames when they fall due.
+// flushLoop releases held frames (delayed, reordered or paced by the
+// impairment's link) when they fall due.
 // Ingress frames released here are delivered on this goroutine,
 // serialised with the loop by ingressMu.
 func (p *Port) flushLoop() {

@@ -173,6 +173,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			}{
 				{"dropped", d.c.Dropped}, {"duplicated", d.c.Duplicated}, {"reordered", d.c.Reordered},
 				{"corrupted", d.c.Corrupted}, {"delayed", d.c.Delayed},
+				{"queue_dropped", d.c.QueueDropped}, {"marked", d.c.Marked},
 			} {
 				counter(descImpair, a.v, dev, port, d.name, a.name)
 			}

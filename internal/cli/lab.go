@@ -34,7 +34,7 @@ func newLabFlags(stderr io.Writer) *labFlags {
 	fs.SetOutput(stderr)
 	fs.IntVar(&o.Hosts, "hosts", 2, "number of host namespaces")
 	fs.IntVar(&o.MTU, "mtu", 1500, "MTU of veths, bridges and TAPs (9000: the configuration the performance figures are measured in)")
-	fs.StringVar(&o.Impair, "impair", "", `fault injection on every port, both directions: "loss=1%,duplicate=1%,reorder=5%,corrupt=0.1%,delay=200us,seed=7"`)
+	fs.StringVar(&o.Impair, "impair", "", `fault injection on every port, both directions: "loss=1%,duplicate=1%,reorder=5%,corrupt=0.1%,delay=200us,seed=7"; a bottleneck link: "rate=1gbit,queue=256KiB,ecn=32KiB"`)
 	fs.StringVar(&o.Pcap, "pcap", "", "write every frame the ports send and receive to this pcap file")
 	fs.BoolVar(&o.Keep, "keep", false, "leave the lab up until interrupted (Ctrl-C, or \"taproce lab down\" from a second terminal), serving verbs clients")
 	fs.BoolVar(&o.Offload, "super-frames", true, "move many RoCE packets per TAP syscall (UDP GSO)")

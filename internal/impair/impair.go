@@ -1,6 +1,9 @@
 // Package impair injects seeded faults into a port's frames: loss,
 // duplication, reordering, single-bit corruption and a fixed delay, in the
-// spirit of Linux netem, which the kernels taproce runs on often lack.
+// spirit of Linux netem, which the kernels taproce runs on often lack; and it
+// models a bottleneck link behind them: a rate, a drop-tail queue of bytes
+// and ECN marking at a threshold of queued bytes, as netem's rate, a bfifo
+// and a RED queue's marking would together.
 //
 // A port passes every frame of one direction through one Impairer:
 //
@@ -10,8 +13,10 @@
 //
 // Decisions come from a PCG generator seeded with Spec.Seed, so the same seed
 // and the same frame sequence give the same drops, duplicates, swaps and bit
-// flips on every run. Apply and Flush allocate nothing: frames held back are
-// copied into buffers preallocated by New.
+// flips on every run. The link adds no random decisions: for a given sequence
+// of frames and times its pacing, drops and marks are fixed. Apply and Flush
+// allocate nothing: frames held back are copied into buffers preallocated by
+// New.
 package impair
 
 import (
@@ -42,15 +47,18 @@ const (
 const seedStream = 0x7461_7072_6f63_6521
 
 // Limits bounds the memory an Impairer uses for frames it holds back
-// (delayed or waiting to be reordered). A frame that would be held when the
-// limits are reached goes out at once, unheld, and is counted in
-// Counters.Overflowed. Zero fields mean the defaults.
+// (delayed, waiting to be reordered or waiting for the link). A frame that
+// would be held when the limits are reached goes out at once, unheld, and is
+// counted in Counters.Overflowed. Zero fields mean the defaults, which with a
+// Spec.Rate grow to hold what the link can hold (see NewWithLimits).
 type Limits struct {
 	// Frames is the most frames held at once (default DefaultHeldFrames,
-	// at most MaxHeldFrames).
+	// or enough for the link's bytes in minimal 60-byte frames; at most
+	// MaxHeldFrames).
 	Frames int
-	// Bytes is the most bytes of held frames (default DefaultHeldBytes, at
-	// most MaxHeldBytes). A frame longer than this is never held.
+	// Bytes is the most bytes of held frames (default DefaultHeldBytes, or
+	// the link's bytes when more; at most MaxHeldBytes). A frame longer
+	// than this is never held.
 	Bytes int
 }
 
@@ -70,9 +78,17 @@ type Counters struct {
 	// Delayed is the number of frames held back for Spec.Delay.
 	Delayed uint64
 	// Overflowed is the number of frames that should have been held back
-	// (delayed or reordered) but went out at once because the Limits were
-	// reached.
+	// (delayed, reordered or paced by the link) but went out at once because
+	// the Limits were reached.
 	Overflowed uint64
+	// QueueDropped is the number of frames the link's queue had no room for
+	// (Spec.Queue), a duplicate counting as a frame of its own; Dropped
+	// counts only the random loss, so that the two causes stay apart.
+	QueueDropped uint64
+	// Marked is the number of frames whose ECN field the link's queue set
+	// from ECT(0) or ECT(1) to CE (Spec.ECN); a frame and its duplicate
+	// count once.
+	Marked uint64
 }
 
 // held is one frame held back, stored in the arena at [off, off+n).
@@ -131,40 +147,62 @@ type Impairer struct {
 	pending queue     // frames waiting for a successor to swap with, in arrival order
 	lastDue time.Time // due time of the newest frame in delayed
 
+	// The link (Spec.Rate > 0; see link.go) has sent everything it was
+	// given by busyUntil + busyFrac/Rate ns, busyFrac < Rate, so that the
+	// fractions of a nanosecond add up instead of being lost. linkAt is the
+	// latest time the link has seen: it runs on that, so that a clock that
+	// steps back neither refills the queue nor lets a frame overtake.
+	queueLimit uint64 // Spec.QueueLimit
+	busyUntil  time.Time
+	busyFrac   uint64
+	linkAt     time.Time
+
 	frames, dropped, duplicated, reordered, corrupted, delayedN, overflowed atomic.Uint64
+	queueDropped, marked                                                    atomic.Uint64
 }
 
 // New returns an Impairer for spec with the default Limits. Out-of-range
 // fields of spec are clamped: probabilities into [0,1] (NaN counts as 0), a
-// negative Delay to 0. Seed 0 means seed 1.
+// negative Delay to 0, Queue to MaxQueue, and Queue and ECN to 0 without a
+// Rate. Seed 0 means seed 1.
 func New(spec Spec) *Impairer {
 	return NewWithLimits(spec, Limits{})
 }
 
 // NewWithLimits is New with explicit bounds on the frames held back. Buffers
-// are allocated here, and only when spec delays or reorders.
+// are allocated here, and only when spec holds frames (Spec.Holds). With a
+// Rate, zero Limits grow to what the link holds at most, so that the model
+// and not the storage decides what is dropped: the queue's limit, plus what
+// the link sends during Delay, plus linkSlack, in frames of linkFrameBytes
+// on average; both within MaxHeldBytes and MaxHeldFrames.
 func NewWithLimits(spec Spec, lim Limits) *Impairer {
 	spec.Loss = clampProbability(spec.Loss)
 	spec.Duplicate = clampProbability(spec.Duplicate)
 	spec.Reorder = clampProbability(spec.Reorder)
 	spec.Corrupt = clampProbability(spec.Corrupt)
 	spec.Delay = max(spec.Delay, 0)
+	if spec.Rate == 0 {
+		spec.Queue, spec.ECN = 0, 0
+	}
+	spec.Queue = min(spec.Queue, MaxQueue)
 	seed := spec.Seed
 	if seed == 0 {
 		seed = 1
 	}
 	im := &Impairer{
-		spec: spec,
-		hold: max(spec.Delay, MinReorderHold),
-		rng:  rand.New(rand.NewPCG(seed, seedStream)),
+		spec:       spec,
+		hold:       max(spec.Delay, MinReorderHold),
+		rng:        rand.New(rand.NewPCG(seed, seedStream)),
+		queueLimit: spec.QueueLimit(),
 	}
-	if spec.Delay > 0 || spec.Reorder > 0 {
+	if spec.Holds() {
 		frames, bytes := lim.Frames, lim.Bytes
+		link := linkBytes(spec)
 		if frames <= 0 {
-			frames = DefaultHeldFrames
+			frames = max(DefaultHeldFrames, link/linkFrameBytes)
 		}
 		if bytes <= 0 {
-			bytes = DefaultHeldBytes
+			bytes = max(DefaultHeldBytes, link)
 		}
 		frames = min(frames, MaxHeldFrames)
 		bytes = min(bytes, MaxHeldBytes)
@@ -198,6 +236,9 @@ func (im *Impairer) Counters() Counters {
 		Corrupted:  im.corrupted.Load(),
 		Delayed:    im.delayedN.Load(),
 		Overflowed: im.overflowed.Load(),
+
+		QueueDropped: im.queueDropped.Load(),
+		Marked:       im.marked.Load(),
 	}
 }
 
@@ -215,6 +256,18 @@ func (im *Impairer) Counters() Counters {
 // With Delay > 0 every frame is held until now+Delay, and a reordered frame
 // takes the place right behind its successor in that delayed queue. A frame
 // that finds the Limits reached is emitted at once instead of being held.
+//
+// With a Rate, what survives the faults above goes through the link (see
+// link.go): it enters the queue, or is dropped when the queue has no room
+// for it (Counters.QueueDropped), is marked CE when it finds ECN bytes or
+// more queued ahead of it, and is held until the link has sent it, plus
+// Delay. Frames leave in the order they entered. A duplicate enters right
+// behind its original and takes the link's time too; both leave once the
+// duplicate is sent, so the link never sends faster than Rate. Reordering
+// happens before the link: a reordered frame waits for its successor and
+// enters the queue right behind it, or on its own at the hold limit. A frame
+// that finds the Limits reached goes out at once, neither marked nor taking
+// the link's time.
 //
 // frame belongs to the caller: a frame held back is copied, and corruption
 // flips the bit in place only for the duration of the emit call and flips it
@@ -244,6 +297,10 @@ func (im *Impairer) Apply(frame []byte, now time.Time, emit func([]byte)) {
 		im.duplicated.Add(1)
 	}
 	reorder := s.Reorder > 0 && im.rng.Float64() < s.Reorder
+	if s.Rate > 0 {
+		im.applyLink(frame, now, flipAt, flip, dup, reorder, emit)
+		return
+	}
 
 	if reorder || s.Delay > 0 {
 		i, ok := im.store(frame)
@@ -271,7 +328,9 @@ func (im *Impairer) Apply(frame []byte, now time.Time, emit func([]byte)) {
 
 // Flush emits the held frames that are due by now, in order: delayed frames
 // whose time has come and reordered frames held longer than
-// max(Delay, MinReorderHold) without a successor. It allocates nothing.
+// max(Delay, MinReorderHold) without a successor. With a Rate such a
+// reordered frame enters the link's queue at its hold limit instead, and
+// goes out when the link has sent it. It allocates nothing.
 func (im *Impairer) Flush(now time.Time, emit func([]byte)) {
 	if im == nil {
 		return
@@ -287,6 +346,10 @@ func (im *Impairer) Flush(now time.Time, emit func([]byte)) {
 			im.emitHeld(d, emit)
 		case pok:
 			im.pending.pop()
+			if im.spec.Rate > 0 {
+				im.enterLink(p, im.linkTime(im.slots[p].due))
+				continue
+			}
 			im.emitHeld(p, emit)
 		default:
 			return

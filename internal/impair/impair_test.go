@@ -30,8 +30,12 @@ func makeFrame(id uint64, n int) []byte {
 	return b
 }
 
-// idOf reads the id makeFrame put into b by majority vote.
+// idOf reads the id makeFrame put into b by majority vote; a frame too
+// short to carry one has id MaxUint64.
 func idOf(b []byte) uint64 {
+	if len(b) < 24 {
+		return math.MaxUint64
+	}
 	a := binary.LittleEndian.Uint64(b[0:])
 	c := binary.LittleEndian.Uint64(b[8:])
 	d := binary.LittleEndian.Uint64(b[16:])
@@ -545,6 +549,9 @@ func TestConservation(t *testing.T) {
 		{Duplicate: 1, Reorder: 1, Seed: 4},
 		{Loss: 1, Delay: time.Millisecond, Seed: 5},
 		{Reorder: 0.9, Delay: 50 * time.Millisecond, Seed: 6}, // overflows the held-frame limit
+		{Rate: 10e6, Queue: 3000, Loss: 0.1, Duplicate: 0.2, Reorder: 0.3, Corrupt: 0.1, Seed: 7},
+		{Rate: 1e9, Delay: 300 * time.Microsecond, Duplicate: 0.2, Reorder: 0.2, ECN: 1000, Seed: 8},
+		{Rate: 1e6, Duplicate: 1, Seed: 9},
 	}
 	for _, spec := range specs {
 		for _, step := range []time.Duration{0, time.Microsecond, 700 * time.Microsecond} {
@@ -552,8 +559,8 @@ func TestConservation(t *testing.T) {
 				const n = 5000
 				im, r := run(spec, n, step)
 				c := im.Counters()
-				if got, want := uint64(len(r.got)), c.Frames-c.Dropped+c.Duplicated; got != want {
-					t.Errorf("emitted %d frames, want frames - dropped + duplicated = %d (%+v)", got, want, c)
+				if got, want := uint64(len(r.got)), c.Frames-c.Dropped-c.QueueDropped+c.Duplicated; got != want {
+					t.Errorf("emitted %d frames, want frames - dropped - queue-dropped + duplicated = %d (%+v)", got, want, c)
 				}
 				copies := make([]int, n)
 				for _, o := range r.got {
@@ -565,8 +572,13 @@ func TestConservation(t *testing.T) {
 						lost++
 					}
 				}
-				if uint64(lost) != c.Dropped {
-					t.Errorf("%d frames never came out, but %d were dropped", lost, c.Dropped)
+				// A frame the queue drops may have had a duplicate, which
+				// it drops too.
+				if uint64(lost) < c.Dropped || uint64(lost) > c.Dropped+c.QueueDropped {
+					t.Errorf("%d frames never came out, but %d were dropped and %d queue-dropped", lost, c.Dropped, c.QueueDropped)
+				}
+				if spec.Rate == 0 && c.QueueDropped != 0 {
+					t.Errorf("%d frames queue-dropped without a link", c.QueueDropped)
 				}
 				if _, ok := im.NextDue(); ok {
 					t.Error("frames still held after the final Flush")
@@ -619,6 +631,34 @@ func TestOverflow(t *testing.T) {
 			t.Errorf("Counters().Overflowed = %d, want 2", c.Overflowed)
 		}
 	})
+	t.Run("link", func(t *testing.T) {
+		im := NewWithLimits(Spec{Rate: 1e9}, Limits{Frames: 2})
+		r := &recorder{}
+		for id := range uint64(3) {
+			im.Apply(makeFrame(id, 1500), t0, r.emit)
+		}
+		// Frame 2 finds no room: it goes out at once, unpaced.
+		if !slices.Equal(r.ids(), []uint64{2}) {
+			t.Fatalf("emitted %v at once, want [2]", r.ids())
+		}
+		im.Flush(t0.Add(12*time.Microsecond), r.emit)
+		if !slices.Equal(r.ids(), []uint64{2, 0}) {
+			t.Fatalf("emitted %v, want [2 0]", r.ids())
+		}
+		// Frame 2 took none of the link's time: frame 3 follows frame 1.
+		im.Apply(makeFrame(3, 1500), t0.Add(12*time.Microsecond), r.emit)
+		im.Flush(t0.Add(36*time.Microsecond-1), r.emit)
+		if !slices.Equal(r.ids(), []uint64{2, 0, 1}) {
+			t.Fatalf("emitted %v, want [2 0 1]", r.ids())
+		}
+		im.Flush(t0.Add(36*time.Microsecond), r.emit)
+		if !slices.Equal(r.ids(), []uint64{2, 0, 1, 3}) {
+			t.Fatalf("emitted %v, want [2 0 1 3]", r.ids())
+		}
+		if c := im.Counters(); c.Overflowed != 1 || c.QueueDropped != 0 {
+			t.Errorf("Counters() = %+v, want Overflowed 1", c)
+		}
+	})
 	t.Run("reorder", func(t *testing.T) {
 		im := NewWithLimits(Spec{Reorder: 1}, Limits{Frames: 2})
 		r := &recorder{}
@@ -644,6 +684,7 @@ func TestArena(t *testing.T) {
 			{Delay: 30 * time.Microsecond, Seed: 1},
 			{Reorder: 0.5, Seed: 2},
 			{Reorder: 0.3, Delay: 30 * time.Microsecond, Duplicate: 0.1, Seed: 3},
+			{Rate: 1e9, Reorder: 0.3, Delay: 30 * time.Microsecond, Duplicate: 0.1, Seed: 4},
 		} {
 			t.Run(fmt.Sprintf("%+v/%s", lim, spec), func(t *testing.T) {
 				im := NewWithLimits(spec, lim)
@@ -686,10 +727,14 @@ func TestApplyAllocs(t *testing.T) {
 		{Reorder: 0.3},
 		{Delay: 100 * time.Microsecond},
 		{Loss: 0.01, Duplicate: 0.01, Reorder: 0.05, Corrupt: 0.01, Delay: 200 * time.Microsecond},
+		// 1500 bytes every 10 µs fill a 1gbit link, so frames are marked
+		// and then dropped too.
+		{Rate: 1e9, Queue: 64 << 10, ECN: 16 << 10},
+		{Rate: 1e9, Duplicate: 0.1, Reorder: 0.1, Corrupt: 0.1, Delay: 50 * time.Microsecond, ECN: 3000},
 	} {
 		t.Run(spec.String(), func(t *testing.T) {
 			im := New(spec)
-			frame := makeFrame(1, 1500)
+			frame := ipv4Frame(0b10, 5, 1500) // ECT(0)
 			emitted := 0
 			emit := func([]byte) { emitted++ }
 			now := t0
@@ -705,6 +750,9 @@ func TestApplyAllocs(t *testing.T) {
 			}
 			if emitted == 0 {
 				t.Error("nothing was emitted")
+			}
+			if c := im.Counters(); spec.ECN > 0 && (c.Marked == 0 || c.QueueDropped == 0) {
+				t.Errorf("Counters() = %+v, want frames marked and queue-dropped", c)
 			}
 		})
 	}
@@ -736,6 +784,16 @@ func TestNewClamps(t *testing.T) {
 	im.Apply(makeFrame(1, frameSize), t0, r.emit)
 	if len(r.got) != 2 {
 		t.Errorf("emitted %d copies, want 2", len(r.got))
+	}
+
+	for _, tt := range []struct{ spec, want Spec }{
+		{Spec{Queue: 5, ECN: 3}, Spec{}}, // no link
+		{Spec{Rate: 1, Queue: MaxQueue + 1, ECN: MaxQueue + 2}, Spec{Rate: 1, Queue: MaxQueue, ECN: MaxQueue + 2}},
+	} {
+		// Small limits: the default ones would store a queue of 1GiB.
+		if got := NewWithLimits(tt.spec, Limits{Frames: 1, Bytes: 1}).Spec(); got != tt.want {
+			t.Errorf("New(%+v).Spec() = %+v, want %+v", tt.spec, got, tt.want)
+		}
 	}
 }
 
@@ -774,52 +832,105 @@ func TestCountersConcurrent(t *testing.T) {
 }
 
 // FuzzImpairer drives an Impairer with small limits through arbitrary
-// sequences of frames, clock steps and flushes, and checks that nothing
-// panics and that every frame comes out whole unless it was dropped.
+// sequences of frames, clock steps and flushes, with or without a link of
+// any rate, queue and marking threshold, and checks that nothing panics,
+// that every frame comes out whole unless it was dropped (one bit flipped at
+// most, and IP frames maybe marked CE), and that nothing stays held.
+//
+// Frames carry their id three times at their end, so that it survives an
+// IP header at their start; those shorter than 24 bytes carry none.
 func FuzzImpairer(f *testing.F) {
-	f.Add([]byte{0, 10, 20, 30, 40, 50, 60, 70, 80, 90}, uint8(30), uint8(40), uint8(20), uint16(100), uint64(1))
-	f.Add([]byte{255, 0, 255, 0, 1, 2, 3, 128, 129}, uint8(0), uint8(100), uint8(0), uint16(0), uint64(2))
-	f.Fuzz(func(t *testing.T, ops []byte, reorder, dup, corrupt uint8, delayUS uint16, seed uint64) {
+	f.Add([]byte{0, 10, 20, 30, 40, 50, 60, 70, 80, 90}, uint8(30), uint8(40), uint8(20), uint16(100), uint64(1), uint64(0), uint32(0), uint32(0))
+	f.Add([]byte{255, 0, 255, 0, 1, 2, 3, 128, 129}, uint8(0), uint8(100), uint8(0), uint16(0), uint64(2), uint64(0), uint32(0), uint32(0))
+	f.Add([]byte{1, 2, 5, 6, 9, 10, 13, 14, 17, 250, 3, 7, 11, 241}, uint8(30), uint8(20), uint8(10), uint16(0), uint64(3), uint64(1e6), uint32(600), uint32(100))
+	f.Add([]byte{1, 1, 1, 1, 2, 2, 2, 2, 3, 0, 4, 8}, uint8(0), uint8(50), uint8(0), uint16(10), uint64(4), uint64(1), uint32(0), uint32(1))
+	f.Add([]byte{5, 9, 13, 17, 21, 25, 29, 33, 250, 251}, uint8(100), uint8(0), uint8(100), uint16(1000), uint64(5), uint64(1<<63), uint32(1<<31), uint32(1<<30))
+	f.Fuzz(func(t *testing.T, ops []byte, reorder, dup, corrupt uint8, delayUS uint16, seed, rate uint64, queue, ecn uint32) {
 		spec := Spec{
 			Loss:      0.05,
 			Reorder:   float64(reorder%101) / 100,
 			Duplicate: float64(dup%101) / 100,
 			Corrupt:   float64(corrupt%101) / 100,
 			Delay:     time.Duration(delayUS) * time.Microsecond,
+			Rate:      rate,
+			Queue:     uint64(queue),
+			ECN:       uint64(ecn),
 			Seed:      seed,
 		}
 		im := NewWithLimits(spec, Limits{Frames: 5, Bytes: 300})
-		r := &recorder{}
+		var sent [][]byte // by id
+		var got [][]byte
+		emit := func(b []byte) { got = append(got, bytes.Clone(b)) }
 		now := t0
-		var id uint64
 		for _, op := range ops {
 			switch {
 			case op >= 250: // flush
-				im.Flush(now, r.emit)
+				im.Flush(now, emit)
 			case op >= 240: // clock steps back
 				now = now.Add(-time.Duration(op-239) * 100 * time.Microsecond)
 			default:
-				size := 24 + int(op)
-				im.Apply(makeFrame(id, size), now, r.emit)
-				id++
+				frame := fuzzFrame(uint64(len(sent)), op)
+				sent = append(sent, frame)
+				im.Apply(bytes.Clone(frame), now, emit)
 				now = now.Add(time.Duration(op%16) * 50 * time.Microsecond)
 			}
 		}
-		im.Flush(now.Add(time.Hour), r.emit)
-		c := im.Counters()
-		if got, want := uint64(len(r.got)), c.Frames-c.Dropped+c.Duplicated; got != want {
-			t.Fatalf("emitted %d frames, want %d (%+v)", got, want, c)
-		}
-		for _, o := range r.got {
-			if o.id >= id {
-				t.Fatalf("emitted a frame with unknown id %d", o.id)
+		// A slow link sends for a long time: flush at each due time.
+		for range 2*len(sent) + 2 {
+			due, ok := im.NextDue()
+			if !ok {
+				break
 			}
-			if d := bitDiff(o.bytes, makeFrame(o.id, len(o.bytes))); d > 1 {
-				t.Fatalf("frame %d came out with %d bits changed", o.id, d)
-			}
+			im.Flush(due, emit)
 		}
 		if _, ok := im.NextDue(); ok {
-			t.Fatal("frames still held after the final Flush")
+			t.Fatal("frames still held after flushing at every due time")
+		}
+		c := im.Counters()
+		if got, want := uint64(len(got)), c.Frames-c.Dropped-c.QueueDropped+c.Duplicated; got != want {
+			t.Fatalf("emitted %d frames, want %d (%+v)", got, want, c)
+		}
+		if c.Marked > c.Frames || spec.Rate == 0 && c.QueueDropped+c.Marked != 0 {
+			t.Fatalf("Counters() = %+v with rate %d", c, spec.Rate)
+		}
+		for _, b := range got {
+			if len(b) < 24 {
+				continue
+			}
+			id := idOf(b[len(b)-24:])
+			if id >= uint64(len(sent)) {
+				t.Fatalf("emitted a frame with unknown id %d", id)
+			}
+			orig := sent[id]
+			marked := bytes.Clone(orig)
+			markCE(marked)
+			if d, dm := bitDiff(b, orig), bitDiff(b, marked); d > 1 && (dm > 1 || dm < 0) {
+				t.Fatalf("frame %d came out with %d bits changed (%d from its marked form)", id, d, dm)
+			}
 		}
 	})
+}
+
+// fuzzFrame returns frame id of FuzzImpairer, its kind and length from op:
+// a plain frame, an IPv4 or IPv6 one with ECN field id%4, or one shorter
+// than 24 bytes.
+func fuzzFrame(id uint64, op byte) []byte {
+	n := 24 + int(op)
+	var b []byte
+	switch op % 4 {
+	case 0:
+		b = make([]byte, n)
+	case 1:
+		b = ipv4Frame(byte(id%4), 5, max(n, 34+24))
+	case 2:
+		b = ipv6Frame(byte(id%4), max(n, 54+24))
+	default:
+		b := make([]byte, op%24)
+		for i := range b {
+			b[i] = byte(id)
+		}
+		return b
+	}
+	copy(b[len(b)-24:], makeFrame(id, 24))
+	return b
 }

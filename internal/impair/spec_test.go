@@ -38,6 +38,38 @@ func TestParseSpec(t *testing.T) {
 		{"seed=3,loss=50%", Spec{Loss: 0.5, Seed: 3}},
 		{" loss = 1% , seed = 2 ", Spec{Loss: 0.01, Seed: 2}},
 		{"loss=1 %", Spec{Loss: 0.01}},
+
+		{"rate=1gbit", Spec{Rate: 1e9}},
+		{"rate=1Gbit", Spec{Rate: 1e9}},
+		{"rate=1GBIT", Spec{Rate: 1e9}},
+		{"rate=200mbit", Spec{Rate: 200e6}},
+		{"rate=500kbit", Spec{Rate: 500e3}},
+		{"rate=1000000bit", Spec{Rate: 1e6}},
+		{"rate=1000000", Spec{Rate: 1e6}},
+		{"rate=2tbit", Spec{Rate: 2e12}},
+		{"rate=1.5gbit", Spec{Rate: 1.5e9}},
+		{"rate=2.500kbit", Spec{Rate: 2500}},
+		{"rate=1.0bit", Spec{Rate: 1}},
+		{"rate=0", Spec{}},
+		{"rate=0gbit", Spec{}},
+		{"rate=18446744073709551615", Spec{Rate: math.MaxUint64}},
+		{"rate=18446744073.709551615gbit", Spec{Rate: math.MaxUint64}},
+		{"rate=1mbit,queue=65536", Spec{Rate: 1e6, Queue: 64 << 10}},
+		{"rate=1mbit,queue=64KiB", Spec{Rate: 1e6, Queue: 64 << 10}},
+		{"rate=1mbit,queue=64kib", Spec{Rate: 1e6, Queue: 64 << 10}},
+		{"rate=1mbit,queue=1.5KiB", Spec{Rate: 1e6, Queue: 1536}},
+		{"rate=1mbit,queue=0.5MiB", Spec{Rate: 1e6, Queue: 512 << 10}},
+		{"rate=1mbit,queue=1GiB", Spec{Rate: 1e6, Queue: MaxQueue}},
+		{"rate=1mbit,queue=0", Spec{Rate: 1e6}},
+		{"queue=0", Spec{}},
+		{"rate=1gbit,queue=256KiB,ecn=32KiB", Spec{Rate: 1e9, Queue: 256 << 10, ECN: 32 << 10}},
+		{"ecn=32KiB,queue=256KiB,rate=1gbit", Spec{Rate: 1e9, Queue: 256 << 10, ECN: 32 << 10}},
+		{"rate=1gbit,ecn=122KiB", Spec{Rate: 1e9, ECN: 122 << 10}}, // below the default 125000
+		{"rate=1mbit,ecn=65535", Spec{Rate: 1e6, ECN: 65535}},      // below the default 64KiB
+		{
+			"loss=1%,delay=200us,rate=10gbit,queue=1MiB,ecn=100KiB,seed=7",
+			Spec{Loss: 0.01, Delay: 200 * time.Microsecond, Rate: 10e9, Queue: 1 << 20, ECN: 100 << 10, Seed: 7},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
@@ -93,6 +125,44 @@ func TestParseSpecErrors(t *testing.T) {
 		{"seed=0x10", `seed: "0x10" is not an unsigned decimal integer`},
 		{"seed=18446744073709551616", `seed: "18446744073709551616" is not an unsigned`},
 		{"seed=1%", `seed: "1%" is not an unsigned`},
+
+		{"rate=", `rate: "" is not a rate (a number of bits/s`},
+		{"rate=fast", `rate: "fast" is not a rate (a number of bits/s`},
+		{"rate=gbit", `rate: "gbit" is not a rate`},
+		{"rate=1kb", `rate: "1kb" is not a rate`},
+		{"rate=1k", `rate: "1k" is not a rate`},
+		{"rate=1kibit", `rate: "1kibit" is not a rate`},
+		{"rate=1 gbit", `rate: "1 gbit" is not a rate`},
+		{"rate=-1gbit", `rate: "-1gbit" is not a rate`},
+		{"rate=+1gbit", `rate: "+1gbit" is not a rate`},
+		{"rate=1e9", `rate: "1e9" is not a rate`},
+		{"rate=.5gbit", `rate: ".5gbit" is not a rate`},
+		{"rate=1.gbit", `rate: "1.gbit" is not a rate`},
+		{"rate=1.2.3gbit", `rate: "1.2.3gbit" is not a rate`},
+		{"rate=1gbps", "(tc's bps is bytes per second: write bit units)"},
+		{"rate=100Mbps", "(tc's bps is bytes per second: write bit units)"},
+		{"rate=18446744073709551616", "rate: 18446744073709551616 is too large"},
+		{"rate=18446744073709552gbit", "rate: 18446744073709552gbit is too large"},
+		{"rate=99999999999999999999999tbit", "rate: 99999999999999999999999tbit is too large"},
+		{"rate=18446744073.709551616gbit", "rate: 18446744073.709551616gbit is too large"},
+		{"rate=1.5bit", "rate: 1.5bit is not a whole number of bits/s"},
+		{"rate=1.0000000001kbit", "rate: 1.0000000001kbit is not a whole number of bits/s"},
+		{"rate=1.00000000000000000001tbit", "rate: 1.00000000000000000001tbit is not a whole number of bits/s"},
+		{"rate=1gbit,rate=2gbit", "rate: given twice"},
+		{"queue=64KiB", "queue: needs a rate"},
+		{"rate=1gbit,queue=64kb", `queue: "64kb" is not a size in bytes`},
+		{"rate=1gbit,queue=64K", `queue: "64K" is not a size in bytes`},
+		{"rate=1gbit,queue=64KB", `queue: "64KB" is not a size in bytes`},
+		{"rate=1gbit,queue=1.5", "queue: 1.5 is not a whole number of bytes"},
+		{"rate=1gbit,queue=2GiB", "queue: 2GiB exceeds 1GiB"},
+		{"rate=1gbit,queue=1073741825", "queue: 1073741825 exceeds 1GiB"},
+		{"rate=1gbit,queue=17179869184GiB", "queue: 17179869184GiB is too large"},
+		{"ecn=1KiB", "ecn: needs a rate"},
+		{"queue=64KiB,ecn=1KiB", "queue: needs a rate"},
+		{"rate=1gbit,ecn=1kb", `ecn: "1kb" is not a size in bytes`},
+		{"rate=1gbit,queue=64KiB,ecn=64KiB", "ecn: 64KiB is not below the queue's limit of 64KiB, so no frame would be marked"},
+		{"rate=1gbit,ecn=123KiB", "ecn: 123KiB is not below the queue's limit of 125000"},
+		{"rate=1mbit,ecn=1MiB", "ecn: 1MiB is not below the queue's limit of 64KiB"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
@@ -137,6 +207,23 @@ func TestSpecString(t *testing.T) {
 			"loss=1%,duplicate=1%,reorder=5%,corrupt=0.1%,delay=200us,seed=7",
 		},
 		{Spec{Seed: 9, Loss: 0.5}, "loss=50%,seed=9"},
+		{Spec{Rate: 1e9}, "rate=1gbit"},
+		{Spec{Rate: 1e12}, "rate=1tbit"},
+		{Spec{Rate: 1.5e9}, "rate=1500mbit"},
+		{Spec{Rate: 200e6}, "rate=200mbit"},
+		{Spec{Rate: 1500}, "rate=1500bit"},
+		{Spec{Rate: 1}, "rate=1bit"},
+		{Spec{Rate: math.MaxUint64}, "rate=18446744073709551615bit"},
+		{Spec{Rate: 1e6, Queue: 1500}, "rate=1mbit,queue=1500"},
+		{Spec{Rate: 1e6, Queue: 1536}, "rate=1mbit,queue=1536"},
+		{Spec{Rate: 1e6, Queue: 1 << 20}, "rate=1mbit,queue=1MiB"},
+		{Spec{Rate: 1e6, Queue: 3 << 19}, "rate=1mbit,queue=1536KiB"},
+		{Spec{Rate: 1e6, Queue: 1 << 30}, "rate=1mbit,queue=1GiB"},
+		{Spec{Rate: 1e9, Queue: 256 << 10, ECN: 32 << 10}, "rate=1gbit,queue=256KiB,ecn=32KiB"},
+		{
+			Spec{Loss: 0.01, Duplicate: 0.01, Reorder: 0.05, Corrupt: 0.001, Delay: 200 * time.Microsecond, Rate: 25e9, Queue: 4 << 20, ECN: 1000, Seed: 7},
+			"loss=1%,duplicate=1%,reorder=5%,corrupt=0.1%,delay=200us,rate=25gbit,queue=4MiB,ecn=1000,seed=7",
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.want, func(t *testing.T) {
@@ -175,10 +262,54 @@ func TestSpecEnabled(t *testing.T) {
 		{Spec{Reorder: 0.01}, true},
 		{Spec{Corrupt: 0.01}, true},
 		{Spec{Delay: time.Nanosecond}, true},
+		{Spec{Rate: 1}, true},
 	}
 	for _, tt := range tests {
 		if got := tt.spec.Enabled(); got != tt.want {
 			t.Errorf("%+v.Enabled() = %v, want %v", tt.spec, got, tt.want)
+		}
+	}
+}
+
+func TestSpecHolds(t *testing.T) {
+	tests := []struct {
+		spec Spec
+		want bool
+	}{
+		{Spec{}, false},
+		{Spec{Loss: 0.5, Duplicate: 0.5, Corrupt: 0.5, Seed: 3}, false},
+		{Spec{Reorder: 0.01}, true},
+		{Spec{Delay: time.Nanosecond}, true},
+		{Spec{Rate: 1e9}, true},
+		{Spec{Rate: 1e9, Queue: 1 << 20, ECN: 1 << 10}, true},
+	}
+	for _, tt := range tests {
+		if got := tt.spec.Holds(); got != tt.want {
+			t.Errorf("%+v.Holds() = %v, want %v", tt.spec, got, tt.want)
+		}
+	}
+}
+
+func TestSpecQueueLimit(t *testing.T) {
+	tests := []struct {
+		spec Spec
+		want uint64
+	}{
+		{Spec{}, 0},
+		{Spec{Queue: 1 << 20}, 0}, // no link
+		{Spec{Rate: 1}, DefaultQueue},
+		{Spec{Rate: 1e6}, DefaultQueue},
+		{Spec{Rate: 524_288_000}, DefaultQueue}, // 65536 bytes a millisecond
+		{Spec{Rate: 524_296_000}, DefaultQueue + 1},
+		{Spec{Rate: 1e9}, 125_000},
+		{Spec{Rate: 100e9}, 12_500_000},
+		{Spec{Rate: math.MaxUint64}, MaxQueue},
+		{Spec{Rate: 1e9, Queue: 1000}, 1000},
+		{Spec{Rate: 1e9, Queue: MaxQueue + 1}, MaxQueue},
+	}
+	for _, tt := range tests {
+		if got := tt.spec.QueueLimit(); got != tt.want {
+			t.Errorf("%+v.QueueLimit() = %d, want %d", tt.spec, got, tt.want)
 		}
 	}
 }
@@ -196,6 +327,15 @@ func TestSpecValidate(t *testing.T) {
 		{Spec{Corrupt: math.Inf(1)}, []string{"corrupt: +Inf is outside 0..1"}},
 		{Spec{Delay: -time.Millisecond}, []string{"delay: -1ms is negative"}},
 		{Spec{Loss: 2, Delay: -1}, []string{"loss: 2 is outside", "delay: -1ns is negative"}},
+		{Spec{Rate: math.MaxUint64, Queue: MaxQueue, ECN: MaxQueue - 1}, nil},
+		{Spec{Rate: 1e9, ECN: 124_999}, nil},
+		{Spec{Queue: 1}, []string{"queue: needs a rate"}},
+		{Spec{ECN: 1}, []string{"ecn: needs a rate"}},
+		{Spec{Queue: 1, ECN: 1}, []string{"queue: needs a rate", "ecn: needs a rate"}},
+		{Spec{Rate: 1e9, Queue: MaxQueue + 1}, []string{"queue: 1073741825 exceeds 1GiB"}},
+		{Spec{Rate: 1e9, ECN: 125_000}, []string{"ecn: 125000 is not below the queue's limit of 125000"}},
+		{Spec{Rate: 1e9, Queue: 1000, ECN: 5000}, []string{"ecn: 5000 is not below the queue's limit of 1000"}},
+		{Spec{Loss: -1, Queue: 1}, []string{"loss: -1 is outside", "queue: needs a rate"}},
 	}
 	for _, tt := range tests {
 		err := tt.spec.Validate()
@@ -222,6 +362,8 @@ func FuzzParseSpec(f *testing.F) {
 		"", "loss=1%", "loss=1%,duplicate=1%,reorder=5%,corrupt=0.1%,delay=200us,seed=7",
 		"loss=0.01", "delay=1h2m3.5s", "seed=18446744073709551615", "loss=1e-300",
 		"corrupt=0x1p-4", "loss=1%,loss=2%", "x=y", ",,", "delay=-1ns", "loss= 5 % ",
+		"rate=1gbit,queue=256KiB,ecn=32KiB", "rate=1.5gbit", "rate=1Gbps", "queue=64KiB",
+		"rate=18446744073709551615bit", "rate=1mbit,queue=0.5MiB,ecn=1.25KiB", "rate=3bit,ecn=65535",
 	} {
 		f.Add(s)
 	}

@@ -417,13 +417,15 @@ func impairStep(l *Lab, spec impair.Spec) Step {
 			sum.Reordered += c.Reordered
 			sum.Corrupted += c.Corrupted
 			sum.Delayed += c.Delayed
+			sum.QueueDropped += c.QueueDropped
+			sum.Marked += c.Marked
 		}
 	}
 	return Step{
 		Name: "impairment (" + spec.String() + ")",
 		OK:   sum.Frames > 0,
-		Detail: fmt.Sprintf("%d frames: %d dropped, %d duplicated, %d reordered, %d corrupted, %d delayed",
-			sum.Frames, sum.Dropped, sum.Duplicated, sum.Reordered, sum.Corrupted, sum.Delayed),
+		Detail: fmt.Sprintf("%d frames: %d dropped, %d duplicated, %d reordered, %d corrupted, %d delayed, %d queue-dropped, %d marked",
+			sum.Frames, sum.Dropped, sum.Duplicated, sum.Reordered, sum.Corrupted, sum.Delayed, sum.QueueDropped, sum.Marked),
 	}
 }
 
