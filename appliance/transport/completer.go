@@ -49,6 +49,7 @@ func (qp *QP) complete(frame []byte, p *roce.Packet, ref []byte) {
 			qp.rewind(psn)
 			qp.rnrAt = qp.e.cfg.Now().Add(RNRDelay(syn.Value()))
 			qp.e.timerSet(qp.rnrAt)
+			qp.cc.fastAt = time.Time{} // the wait is the responder's; drive arms it again
 			qp.retryAt = time.Time{}
 			if d := timeoutDuration(qp.attr.Timeout); d != 0 {
 				qp.retryAt = qp.rnrAt.Add(d)
@@ -96,7 +97,9 @@ func (qp *QP) complete(frame []byte, p *roce.Packet, ref []byte) {
 		return
 	}
 	if qp.cc.on {
-		qp.cc.acked(qp.acked, qp.acked.Diff(prev), qp.maxWindow(), qp.e.cfg.Now())
+		now := qp.e.cfg.Now()
+		qp.cc.acked(qp.acked, qp.acked.Diff(prev), qp.maxWindow(), now)
+		qp.ackedFast(qp.acked.Diff(prev) > 0, now)
 	}
 	if progress {
 		qp.retryLeft, qp.rnrLeft = qp.attr.RetryCnt, qp.attr.RNRRetry

@@ -670,7 +670,7 @@ func (e *Engine) receiveLocked(frame []byte, p *roce.Packet, ref []byte) {
 	if qp != nil && p.BTH.Opcode == roce.CNP && qp.cfg.Type != abi.UD && !qp.killed {
 		if _, ok := qp.admit(p); ok {
 			e.stats.cnpReceived.Add(1)
-			qp.cc.cnp(e.cfg.Now())
+			qp.cc.cnp(e.cfg.Now(), qp.acked, qp.sentTo)
 			return
 		}
 	}
@@ -827,7 +827,7 @@ func (e *Engine) nextDeadlineLocked(acks bool) (time.Time, bool) {
 		next = time.Unix(0, due)
 	}
 	for _, qp := range e.qps {
-		for _, t := range []time.Time{qp.retryAt, qp.rnrAt, qp.nakAt, qp.killAt} {
+		for _, t := range []time.Time{qp.retryAt, qp.rnrAt, qp.nakAt, qp.killAt, qp.cc.fastAt} {
 			if !t.IsZero() && (next.IsZero() || t.Before(next)) {
 				next = t
 			}

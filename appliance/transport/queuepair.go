@@ -523,7 +523,7 @@ func (qp *QP) toError(status abi.WCStatus, withHead bool) {
 	}
 	qp.state = abi.QPSErr
 	qp.stateChanged()
-	qp.retryAt, qp.rnrAt = time.Time{}, time.Time{}
+	qp.retryAt, qp.rnrAt, qp.cc.fastAt = time.Time{}, time.Time{}, time.Time{}
 	qp.flushSQ()
 	qp.flushRQ()
 }
@@ -602,6 +602,7 @@ func (qp *QP) tick(now time.Time) {
 		qp.completeInOrder()
 		qp.drive()
 	}
+	qp.fastTick(now)
 }
 
 // armRetry starts the local ACK timer when packets are outstanding.

@@ -134,6 +134,9 @@ func (qp *QP) drive() {
 	if qp.cfg.Type == abi.RC && qp.retryAt.IsZero() {
 		qp.armRetry()
 	}
+	if qp.cc.on && qp.cc.fastAt.IsZero() {
+		qp.armFast(qp.e.cfg.Now())
+	}
 }
 
 // resolveLocal resolves the WQE's SGL for reading (sends, writes) or

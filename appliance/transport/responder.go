@@ -147,7 +147,7 @@ func (qp *QP) linger(linger time.Duration) {
 	qp.killAt = now.Add(linger)
 	qp.quietTo = now.Add(min(e.lingerQuiet(), linger/2))
 	qp.e.timerSet(qp.killAt)
-	qp.retryAt, qp.rnrAt, qp.nakAt = time.Time{}, time.Time{}, time.Time{}
+	qp.retryAt, qp.rnrAt, qp.nakAt, qp.cc.fastAt = time.Time{}, time.Time{}, time.Time{}, time.Time{}
 	qp.inMsg = false
 	qp.stash = nil
 	qp.nakSent, qp.lastPSN = false, qp.ePSN.Add(-1)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/internal/impair"
 )
 
 // flowMeter counts, at the receiving port, each QP's request bytes and
@@ -294,4 +295,48 @@ func mbs(xs []float64) string {
 		s = append(s, strconv.FormatFloat(x/1e6, 'f', 1, 64))
 	}
 	return strings.Join(s, " ")
+}
+
+// TestLabECN: the ports' own impairment models a 1 Gb/s link with a
+// 1 MiB queue that marks ECT frames CE from 32 KiB on; taproce sends
+// ECT(0) (config ecn), so the receiving port answers marks with CNPs and
+// the sender's window follows them: CNPs flow, the queue never drops, and
+// (on demand, TAPROCE_LAB_BOTTLENECK=1, on a quiet host) two QPs keep
+// ≥ 85 % of the link.
+func TestLabECN(t *testing.T) {
+	p := prefix(t)
+	link := impair.Spec{Rate: 1e9, Queue: 1 << 20, ECN: 32 << 10}
+	l, err := Build(Topology{Prefix: p, Hosts: 2, MTU: 9000, Offload: true, ECN: true, Egress: link,
+		Socket: filepath.Join(t.TempDir(), "lab.sock"), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	stop, err := serveClients(context.Background(), l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	a, b := l.Hosts[0], l.Hosts[1]
+	m := newFlowMeter(b)
+	runWriters(t, l, writer{port: exchangePort + 110, qps: 2, secs: 3})
+	got := m.rate(500*time.Millisecond, 2500*time.Millisecond)
+	sa, sb := a.NIC.Engine().Stats(), b.NIC.Engine().Stats()
+	eg := a.Port.Stats().Egress
+	again, all := m.again()
+	t.Logf("two QPs: %s MB/s, %.1f %% of the link together; CE marks %d, queue drops %d; CNPs sent %d, received %d; window cuts %d; %d of %d packets again",
+		mbs(got), 100*sum(got)*8/1e9, eg.Marked, eg.QueueDropped, sb.CNPsSent, sa.CNPsReceived, sa.WindowCuts, again, all)
+	if eg.Marked == 0 || sb.CNPsSent == 0 || sa.CNPsReceived == 0 || sa.CNPsReceived > sb.CNPsSent {
+		t.Errorf("want CE marks, CNPs sent for them and received")
+	}
+	if eg.QueueDropped != 0 {
+		t.Errorf("the queue dropped %d frames: the CNPs did not hold it", eg.QueueDropped)
+	}
+	if os.Getenv("TAPROCE_LAB_BOTTLENECK") == "1" && sum(got)*8 < 0.85e9 {
+		t.Errorf("want ≥ 85 %% of the link")
+	}
 }
