@@ -3,13 +3,16 @@ package transport
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"math"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/taproce/taproce/appliance/capture"
 	"github.com/taproce/taproce/appliance/roce"
+	"github.com/taproce/taproce/internal/decode"
 	"github.com/taproce/taproce/internal/impair"
 	"github.com/taproce/taproce/verbs/abi"
 )
@@ -215,11 +218,17 @@ func TestCongestionFlowScaling(t *testing.T) {
 
 // TestCongestionCNP: with ECT on, A's requests leave ECT(0); the link
 // marks some CE; B answers them with CNPs, which A takes: its window is
-// cut, and every WRITE still completes with its data.
+// cut, and every WRITE still completes with its data. B's frames,
+// captured as pcap and read back, decode as taproce decode shows them:
+// CNPs to A's QP, BECN set, PSN 0.
 func TestCongestionCNP(t *testing.T) {
 	s := newSim(t, impair.Spec{}, 9000)
 	s.a.eng.cfg.ECT = true
 	c := s.connect(connOpts{pmtu: abi.MTU4096, size: 4 << 20})
+	var pcap bytes.Buffer
+	w, err := capture.NewWriter(&pcap)
+	must(t, err)
+	s.b.watch = func(f []byte) { must(t, w.WriteFrame(s.clock.now, f)) }
 	var requests, notECT, marked int
 	s.a.drop = func(f []byte) bool {
 		var p roce.Packet
@@ -256,10 +265,31 @@ func TestCongestionCNP(t *testing.T) {
 			SGL:        []SGE{{Addr: 0x10000 + uint64(i)<<16, Length: 1 << 16, LKey: c.mra.LKey}},
 			RemoteAddr: 0x10000 + 2<<20 + uint64(i)<<16, RKey: c.mrb.RKey})
 	}
-	_, err := c.qa.PostSend(wrs)
+	_, err = c.qa.PostSend(wrs)
 	must(t, err)
 	var got []WC
 	s.run(1000000, func() bool { got = append(got, poll(c.cqa)...); return len(got) == len(wrs) })
+	must(t, w.Flush())
+	frames, err := capture.NewReader(&pcap)
+	must(t, err)
+	cnps := 0
+	for n := 1; ; n++ {
+		f, err := frames.Next()
+		if err == io.EOF {
+			break
+		}
+		must(t, err)
+		r := decode.Decode(n, f.Time, f.Data)
+		if r.Error != "" {
+			t.Fatalf("frame %d: %s", n, r.Error)
+		}
+		if r.Opcode == "CNP" {
+			cnps++
+			if !r.BECN || r.PSN != 0 || r.DestQP != c.qa.Num() || r.AckReq {
+				t.Errorf("CNP decoded as %+v: want BECN, PSN 0, A's QP %#x, no AckReq", r, c.qa.Num())
+			}
+		}
+	}
 	for i, wc := range got {
 		if wc.Status != abi.WCSuccess || wc.ID != uint64(i) {
 			t.Fatalf("completion %d: %+v", i, wc)
@@ -276,6 +306,9 @@ func TestCongestionCNP(t *testing.T) {
 	}
 	if sb.CNPsSent == 0 || sa.CNPsReceived != sb.CNPsSent || sa.WindowCuts == 0 || c.qa.cc.cwnd >= float64(c.qa.maxWindow()) {
 		t.Error("want CNPs sent for the marks, every one received, and the window cut")
+	}
+	if cnps != int(sb.CNPsSent) {
+		t.Errorf("the capture decodes %d CNPs, B sent %d", cnps, sb.CNPsSent)
 	}
 	if sa.CNPsSent != 0 || sb.CNPsReceived != 0 {
 		t.Errorf("CNPs the other way: A sent %d, B received %d", sa.CNPsSent, sb.CNPsReceived)
