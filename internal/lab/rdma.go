@@ -154,9 +154,9 @@ func rdmaSteps(ctx context.Context, l *Lab, total int) []Step {
 	steps = append(steps, rp.writeRead(ctx, total, region))
 	sa, sb := a.NIC.Engine().Stats(), b.NIC.Engine().Stats()
 	steps = append(steps, Step{Name: "transport counters", OK: true, Detail: fmt.Sprintf(
-		"%s sent %d packets: %d go-backs, %d timeouts, %d NAKs and %d RNR NAKs received, %d duplicate responses seen; %s sent %d: %d NAKs, %d duplicate requests seen",
-		a.Namespace, sa.Sent, sa.Retransmits, sa.Timeouts, sa.NAKsReceived, sa.RNRNAKsReceived, sa.DuplicateResponses,
-		b.Namespace, sb.Sent, sb.NAKsSent, sb.DuplicateRequests)})
+		"%s sent %d packets: %d go-backs, %d timeouts, %d NAKs and %d RNR NAKs received, %d duplicate responses seen, %d CNPs received, %d window cuts; %s sent %d: %d NAKs, %d CNPs, %d duplicate requests seen",
+		a.Namespace, sa.Sent, sa.Retransmits, sa.Timeouts, sa.NAKsReceived, sa.RNRNAKsReceived, sa.DuplicateResponses, sa.CNPsReceived, sa.WindowCuts,
+		b.Namespace, sb.Sent, sb.NAKsSent, sb.CNPsSent, sb.DuplicateRequests)})
 	return steps
 }
 
