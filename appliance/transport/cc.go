@@ -2,6 +2,7 @@ package transport
 
 import (
 	"math"
+	"net/netip"
 	"sync/atomic"
 	"time"
 
@@ -83,9 +84,8 @@ type congestion struct {
 	max  float64 // the fixed window
 	slow bool    // slow start: doubling each round trip
 
-	srtt           time.Duration
-	base, basePrev time.Duration // least round trips of this and the last period
-	baseFrom       time.Time     // when this period began
+	srtt time.Duration
+	path *ccPath // the least round trip, shared with the QPs to the same address
 
 	epochEnd time.Time
 	epochMin time.Duration // 0: no sample yet this epoch
@@ -114,9 +114,69 @@ type congestion struct {
 	cuts *atomic.Uint64 // the engine's count of cuts
 }
 
+// ccPath is what the QPs to one address share: the least round trip
+// of this and the last ccBasePeriod. Each QP measured its own, each
+// with what the others had queued already, and a QP that came to a
+// queue another had filled held a larger target and took more: four QPs
+// behind one drop-tail queue had Jain's index 0.85 (TestCongestionLink).
+type ccPath struct {
+	dst            netip.Addr
+	refs           int
+	base, basePrev time.Duration
+	baseFrom       time.Time
+}
+
+// sample takes a round trip of one of the path's QPs.
+func (p *ccPath) sample(rtt time.Duration, now time.Time) {
+	switch {
+	case p.baseFrom.IsZero():
+		p.base, p.baseFrom = rtt, now
+	case now.Sub(p.baseFrom) >= ccBasePeriod:
+		p.basePrev, p.base, p.baseFrom = p.base, rtt, now
+	case rtt < p.base:
+		p.base = rtt
+	}
+}
+
+// least returns the least round trip of this and the last period.
+func (p *ccPath) least() time.Duration {
+	if p.basePrev != 0 {
+		return min(p.base, p.basePrev)
+	}
+	return p.base
+}
+
+// path returns the shared state of the QPs to dst, counting qp's use of
+// it. e.mu is held.
+func (e *Engine) path(dst netip.Addr) *ccPath {
+	p := e.paths[dst]
+	if p == nil {
+		if e.paths == nil {
+			e.paths = map[netip.Addr]*ccPath{}
+		}
+		p = &ccPath{dst: dst}
+		e.paths[dst] = p
+	}
+	p.refs++
+	return p
+}
+
+// releasePath ends qp's use of its path, which goes with its last QP.
+// e.mu is held.
+func (qp *QP) releasePath() {
+	p := qp.cc.path
+	if p == nil {
+		return
+	}
+	qp.cc.path = nil
+	if p.refs--; p.refs == 0 {
+		delete(qp.e.paths, p.dst)
+	}
+}
+
 // reset starts control afresh for a new connection.
-func (c *congestion) reset(on bool, window int, now time.Time, cuts *atomic.Uint64) {
-	*c = congestion{on: on, cwnd: float64(window), max: float64(window), alpha: 1, alphaAt: now, baseFrom: now, signalAt: now, cuts: cuts}
+func (c *congestion) reset(on bool, window int, now time.Time, cuts *atomic.Uint64, path *ccPath) {
+	*c = congestion{on: on, cwnd: float64(window), max: float64(window), alpha: 1, alphaAt: now, signalAt: now, cuts: cuts, path: path}
 }
 
 // limit returns the packets the window allows in flight, at most max.
@@ -182,11 +242,7 @@ func (c *congestion) sample(rtt time.Duration, now time.Time) {
 	} else {
 		c.srtt += (rtt - c.srtt) / 8
 	}
-	if now.Sub(c.baseFrom) >= ccBasePeriod {
-		c.basePrev, c.base, c.baseFrom = c.base, rtt, now
-	} else if c.base == 0 || rtt < c.base {
-		c.base = rtt
-	}
+	c.path.sample(rtt, now)
 	if c.epochMin == 0 || rtt < c.epochMin {
 		c.epochMin = rtt
 	}
@@ -205,10 +261,7 @@ func (c *congestion) sample(rtt time.Duration, now time.Time) {
 	for _, v := range c.mins[1:] {
 		m = min(m, v)
 	}
-	base := c.base
-	if c.basePrev != 0 {
-		base = min(base, c.basePrev)
-	}
+	base := c.path.least()
 	target := base + max(ccSlack, base) + c.flowScaling()
 	if m <= target {
 		return
@@ -321,30 +374,29 @@ func (qp *QP) congested() {
 	qp.cc.loss(qp.sentTo, qp.e.cfg.Now())
 }
 
-// A fast go-back (IRN's RTO_low, TCP's tail loss probe): packets
-// outstanding with no acknowledgement of progress for max(2 × srtt,
-// 4 × base, ccFastMin) — ccFastFirst before the first round trip —
-// doubled each time, go back, at most ccFastMax times a loss episode,
-// halving the window each time and without counting against retry_cnt.
-// The responder NAKs a gap, but nothing NAKs the tail of a burst lost to
-// a full drop-tail queue: the requester waited for the local ACK
-// timeout, 67 ms at perftest's 14, several times over
-// (TestCongestionLink: 79 % of the link with a 128 KiB queue).
+// A fast go-back (IRN's RTO_low): in a loss episode — after a sequence
+// NAK or a local ACK timeout — packets outstanding with no
+// acknowledgement of progress for max(2 × srtt, 4 × base, ccFastMin)
+// (ccFastFirst before the first round trip), doubled each time, go back
+// again, at most ccFastMax times an episode, halving the window each
+// time and without counting against retry_cnt. The responder NAKs a gap
+// once, and nothing NAKs the tail of a go-back lost to a queue still
+// full: the requester waited for the local ACK timeout, 67 ms at
+// perftest's 14, again and again (TestCongestionLink). Outside an
+// episode nothing goes back before the timeout: a receiver that only
+// stalls — rxe in an emulated VM, a few milliseconds now and then — got
+// duplicates from a probe that fired on a lossless path.
 
 // armFast starts or restarts the fast go-back timer from now.
 func (qp *QP) armFast(now time.Time) {
 	c := &qp.cc
-	if !c.on || c.fastN >= ccFastMax || !qp.rnrAt.IsZero() || qp.sqHead == qp.sqNext && qp.reqOff == 0 {
+	if !c.on || !c.lossOn || c.fastN >= ccFastMax || !qp.rnrAt.IsZero() || qp.sqHead == qp.sqNext && qp.reqOff == 0 {
 		c.fastAt = time.Time{}
 		return
 	}
 	wait := ccFastFirst
 	if c.srtt != 0 {
-		base := c.base
-		if c.basePrev != 0 {
-			base = min(base, c.basePrev)
-		}
-		wait = max(2*c.srtt, 4*base, ccFastMin)
+		wait = max(2*c.srtt, 4*c.path.least(), ccFastMin)
 	}
 	c.fastAt = now.Add(wait << c.fastN)
 	qp.e.timerSet(c.fastAt)

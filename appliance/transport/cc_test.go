@@ -29,7 +29,7 @@ type ccAt struct {
 
 func newCCAt(window int) *ccAt {
 	a := &ccAt{now: time.Unix(1000, 0)}
-	a.c.reset(true, window, a.now, &a.cuts)
+	a.c.reset(true, window, a.now, &a.cuts, &ccPath{})
 	return a
 }
 
@@ -174,7 +174,7 @@ func TestCongestionSignals(t *testing.T) {
 			a := newCCAt(max)
 			tc.run(t, a)
 			if msg := tc.want(a); msg != "" {
-				t.Errorf("%s: cwnd %.1f, cuts %d, base %v/%v, srtt %v", msg, a.c.cwnd, a.cuts.Load(), a.c.base, a.c.basePrev, a.c.srtt)
+				t.Errorf("%s: cwnd %.1f, cuts %d, base %v/%v, srtt %v", msg, a.c.cwnd, a.cuts.Load(), a.c.path.base, a.c.path.basePrev, a.c.srtt)
 			}
 		})
 	}
@@ -320,13 +320,13 @@ func TestCongestionCNP(t *testing.T) {
 // QPs that keep 16 WRITEs of 64 KiB posted until each has written its
 // share: the flows take the link's rate (less the headers) and share it,
 // and what they send again stays small. Each QP starts with the whole
-// fixed window, whose burst a small queue drops from its tail, and the
-// least round trip is measured with the queue already full: so drop-tail
-// queues smaller than the flows' first bursts still cost packets sent
-// again — 2.3 % with one QP and 128 KiB, 15 % with four and 256 KiB —
-// where ECN and a queue that holds the bursts cost next to none. The
-// bounds hold what this control reaches, so that a change that loses it
-// fails (without the fast go-back one QP took 79 % of a 128 KiB link).
+// fixed window, whose burst a small queue drops from its tail (the one
+// local ACK timeout of the run), and the least round trip is measured
+// with the queue already full: so drop-tail queues smaller than the
+// flows' first bursts still cost packets sent again — 0.7 % with one QP
+// and 128 KiB, 3.3 % with four and 256 KiB — where ECN and a queue that
+// holds the bursts cost next to none. The bounds hold what this control
+// reaches, so that a change that loses it fails.
 func TestCongestionLink(t *testing.T) {
 	const rate = 1e9 // bits/s
 	for _, tc := range []struct {
@@ -338,18 +338,18 @@ func TestCongestionLink(t *testing.T) {
 		maxAgain float64 // packets sent again, of those needed
 		drops    bool    // the queue may drop
 	}{
-		{"one QP, a 128 KiB queue", impair.Spec{Rate: rate, Queue: 128 << 10}, 1, false, 0.9, 0.03, true},
+		{"one QP, a 128 KiB queue", impair.Spec{Rate: rate, Queue: 128 << 10}, 1, false, 0.9, 0.01, true},
 		{"one QP, a 1 MiB queue", impair.Spec{Rate: rate, Queue: 1 << 20}, 1, false, 0.95, 0, false},
-		{"four QPs, a 256 KiB queue", impair.Spec{Rate: rate, Queue: 256 << 10}, 4, false, 0.9, 0.2, true},
-		{"four QPs, a 1 MiB queue", impair.Spec{Rate: rate, Queue: 1 << 20}, 4, false, 0.9, 0.05, true},
+		{"four QPs, a 256 KiB queue", impair.Spec{Rate: rate, Queue: 256 << 10}, 4, false, 0.9, 0.05, true},
+		{"four QPs, a 1 MiB queue", impair.Spec{Rate: rate, Queue: 1 << 20}, 4, false, 0.95, 0.01, true},
 		{"one QP, ECN from 32 KiB", impair.Spec{Rate: rate, Queue: 1 << 20, ECN: 32 << 10}, 1, true, 0.95, 0, false},
-		{"four QPs, ECN from 32 KiB", impair.Spec{Rate: rate, Queue: 1 << 20, ECN: 32 << 10}, 4, true, 0.95, 0.05, true},
+		{"four QPs, ECN from 32 KiB", impair.Spec{Rate: rate, Queue: 1 << 20, ECN: 32 << 10}, 4, true, 0.95, 0.01, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newSim(t, tc.spec, 9000)
 			s.a.eng.cfg.ECT = tc.ect
 			const msg, depth = 64 << 10, 16
-			share := (64 << 20) / tc.qps
+			share := (256 << 20) / tc.qps
 			type flow struct {
 				c            *conn
 				posted, done int
@@ -413,8 +413,8 @@ func TestCongestionLink(t *testing.T) {
 			if got < tc.minRate || again > tc.maxAgain || !tc.drops && link.QueueDropped != 0 {
 				t.Errorf("want ≥ %.0f %% of the link, ≤ %.1f %% sent again, drops allowed %v", 100*tc.minRate, 100*tc.maxAgain, tc.drops)
 			}
-			if tc.qps > 1 && jain(rates) < 0.95 {
-				t.Errorf("Jain's index %.3f, want ≥ 0.95", jain(rates))
+			if tc.qps > 1 && jain(rates) < 0.98 {
+				t.Errorf("Jain's index %.3f, want ≥ 0.98", jain(rates))
 			}
 			if tc.ect && (link.Marked == 0 || st.CNPsReceived == 0) {
 				t.Error("want CE marks and CNPs")
@@ -443,4 +443,25 @@ func mbs(xs []float64) string {
 		fmt.Fprintf(&b, "%.0f", x/1e6)
 	}
 	return b.String()
+}
+
+// TestCongestionPaths: the QPs to one address share one path (its least
+// round trip), which goes with the last of them.
+func TestCongestionPaths(t *testing.T) {
+	s := newSim(t, impair.Spec{}, 9000)
+	c1 := s.connect(connOpts{pmtu: abi.MTU4096})
+	c2 := s.connect(connOpts{pmtu: abi.MTU4096})
+	e := s.a.eng
+	if len(e.paths) != 1 || c1.qa.cc.path == nil || c1.qa.cc.path != c2.qa.cc.path || c1.qa.cc.path.refs != 2 {
+		t.Fatalf("two QPs to one address: %d paths, %p and %p", len(e.paths), c1.qa.cc.path, c2.qa.cc.path)
+	}
+	must(t, c1.qa.Modify(&QPAttr{State: abi.QPSReset}, abi.QPStateMask))
+	if p := c2.qa.cc.path; len(e.paths) != 1 || p.refs != 1 {
+		t.Fatalf("after one QP's reset: %d paths, %d uses", len(e.paths), p.refs)
+	}
+	must(t, e.DestroyQP(c2.qa))
+	must(t, e.DestroyQP(c1.qa))
+	if len(e.paths) != 0 {
+		t.Fatalf("%d paths left with no QP", len(e.paths))
+	}
 }

@@ -180,8 +180,9 @@ type Engine struct {
 
 	mu        sync.Mutex
 	qps       map[uint32]*QP
-	lingering int           // killed or closed QPs in qps (QP.linger)
-	rng       *rand.ChaCha8 // QPNs (newRand)
+	paths     map[netip.Addr]*ccPath // congestion control's, by destination
+	lingering int                    // killed or closed QPs in qps (QP.linger)
+	rng       *rand.ChaCha8          // QPNs (newRand)
 	ipID      uint16
 	gsiPSN    roce.PSN // the PSN of QP1's next MAD (SendMAD)
 	// curUrgent tells that cur holds a frame that must go out at the end
@@ -592,6 +593,7 @@ func (e *Engine) retire(qp *QP, linger time.Duration) {
 // remove takes a queue pair out of the engine. e.mu is held.
 func (e *Engine) remove(qp *QP) {
 	delete(e.qps, qp.num)
+	qp.releasePath()
 	if qp.killed {
 		e.lingering--
 	}

@@ -21,9 +21,8 @@ func woken(e *Engine) bool {
 // TestPlanTick: an engine with nothing timed plans no tick; a queue pair
 // that sets a timer before the plan signals TickWake, one that sets a
 // later timer does not, and the plan follows the earliest timer: the
-// fast go-back timer of a SEND in flight (cc.go; before the retry
-// timer's 67 ms), an RNR NAK's shorter wait, and none again once
-// everything is acknowledged.
+// retry timer of a SEND in flight, an RNR NAK's shorter wait, and none
+// again once everything is acknowledged.
 func TestPlanTick(t *testing.T) {
 	s := newSim(t, impair.Spec{}, 4096)
 	c := s.connect(connOpts{timeout: 14, retry: 7, rnr: 7}) // 67 ms
@@ -44,11 +43,11 @@ func TestPlanTick(t *testing.T) {
 		t.Fatal("setting the retry timer of a SEND did not signal TickWake")
 	}
 	next, ok := e.PlanTick(true)
-	if want := s.clock.now.Add(ccFastFirst); !ok || !next.Equal(want) {
+	if want := s.clock.now.Add(timeoutDuration(14)); !ok || !next.Equal(want) {
 		t.Fatalf("PlanTick with a SEND in flight: %v %v, want %v", next, ok, want)
 	}
-	// A later timer — another queue pair's timers, a millisecond on —
-	// does not signal.
+	// A later timer — another queue pair's retry timer, a millisecond
+	// on — does not signal.
 	s.clock.now = s.clock.now.Add(time.Millisecond)
 	send(later.qa, 2)
 	if later.qa.retryAt.IsZero() {

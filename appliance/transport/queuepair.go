@@ -254,6 +254,7 @@ func (qp *QP) reset() {
 	qp.cacheN = 0
 	qp.retryAt, qp.rnrAt, qp.nakAt = time.Time{}, time.Time{}, time.Time{}
 	qp.tmpl = roce.Packet{}
+	qp.releasePath()
 	qp.cc = congestion{}
 	if qp.stash != nil {
 		qp.stash.clear()
@@ -286,7 +287,13 @@ func (qp *QP) prepare() {
 	if e.cfg.ECT {
 		qp.tmpl.TOS = qp.tmpl.TOS&^roce.ECNMask | roce.ECT0
 	}
-	qp.cc.reset(qp.cfg.Type == abi.RC && !qp.local, qp.maxWindow(), e.cfg.Now(), &e.stats.windowCuts)
+	qp.releasePath()
+	on := qp.cfg.Type == abi.RC && !qp.local
+	var path *ccPath
+	if on {
+		path = e.path(a.AV.DstIP)
+	}
+	qp.cc.reset(on, qp.maxWindow(), e.cfg.Now(), &e.stats.windowCuts, path)
 }
 
 // HopLimit is the IPv4 TTL or IPv6 hop limit of every packet an engine

@@ -134,7 +134,7 @@ func (qp *QP) drive() {
 	if qp.cfg.Type == abi.RC && qp.retryAt.IsZero() {
 		qp.armRetry()
 	}
-	if qp.cc.on && qp.cc.fastAt.IsZero() {
+	if qp.cc.lossOn && qp.cc.fastAt.IsZero() {
 		qp.armFast(qp.e.cfg.Now())
 	}
 }
