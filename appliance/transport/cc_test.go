@@ -132,8 +132,8 @@ func TestCongestionSignals(t *testing.T) {
 			for range 10 {
 				a.round(base, max)
 			}
-			// alpha, 1 at the start, decays by 1/16 each 55 µs without
-			// a CNP, and rises by 1/16 of what it lacks with one.
+			// alpha, 1 at the start, decays by g each 55 µs without a
+			// CNP, and rises by g of what it lacks with one.
 			a.c.decayAlpha(a.now)
 			slots := int(a.now.Sub(time.Unix(1000, 0)) / ccAlphaSlot)
 			if want := math.Pow(1-ccAlphaGain, float64(slots)); math.Abs(a.c.alpha-want) > 1e-9 {
