@@ -264,16 +264,23 @@ func waitListening(ctx context.Context, port int) error {
 }
 
 // perfCase is a perftest program and the sizes it runs at; loss is the
-// share of the frames each side loses on the way out (0 for none).
+// share of the frames each side loses on the way out (0 for none); n,
+// when not 0, the iterations of every run, and depth, when not 0, both
+// sides' send queue depth (-t; else the tools' default, 128 for the
+// bandwidth tests).
 type perfCase struct {
-	tool   string
-	atomic string
-	sizes  []int
-	loss   float64
+	tool     string
+	atomic   string
+	sizes    []int
+	loss     float64
+	n, depth int
 }
 
 // iters is the number of iterations of a run at size.
 func (c perfCase) iters(size int) int {
+	if c.n != 0 {
+		return c.n
+	}
 	if c.loss != 0 {
 		return lossIters(size)
 	}
@@ -332,6 +339,9 @@ func perfCases() []perfCase {
 // vmArgs are the perftest options of a run.
 func (c perfCase) vmArgs(mtu, size int) string {
 	s := fmt.Sprintf("-d rxe0 -x 1 -F -m %d -n %d", mtu, c.iters(size))
+	for _, a := range c.depthArgs() {
+		s += " " + a
+	}
 	if c.atomic != "" {
 		return s + " -A " + c.atomic
 	}
@@ -340,11 +350,20 @@ func (c perfCase) vmArgs(mtu, size int) string {
 
 // ourArgs are `taproce perf`'s.
 func (c perfCase) ourArgs(mtu, size int) []string {
-	a := []string{c.tool, "-m", strconv.Itoa(mtu), "-n", strconv.Itoa(c.iters(size)), "--json"}
+	a := append([]string{c.tool, "-m", strconv.Itoa(mtu), "-n", strconv.Itoa(c.iters(size)), "--json"}, c.depthArgs()...)
 	if c.atomic != "" {
 		return append(a, "-A", c.atomic)
 	}
 	return append(a, "-s", strconv.Itoa(size))
+}
+
+// depthArgs are the options that set the send queue depth: -t, when the
+// case has a depth.
+func (c perfCase) depthArgs() []string {
+	if c.depth == 0 {
+		return nil
+	}
+	return []string{"-t", strconv.Itoa(c.depth)}
 }
 
 // perftestLine is the result line of a perftest program's output.

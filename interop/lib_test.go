@@ -31,7 +31,7 @@ const (
 
 // libArgs are perftest's options for the library's side of a run.
 func (c perfCase) libArgs(mtu, size int) []string {
-	a := []string{"-d", libDevice, "-x", strconv.Itoa(libGIDIndex), "-F", "-m", strconv.Itoa(mtu), "-n", strconv.Itoa(c.iters(size))}
+	a := append([]string{"-d", libDevice, "-x", strconv.Itoa(libGIDIndex), "-F", "-m", strconv.Itoa(mtu), "-n", strconv.Itoa(c.iters(size))}, c.depthArgs()...)
 	if c.atomic != "" {
 		return append(a, "-A", c.atomic)
 	}
