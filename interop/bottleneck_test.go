@@ -42,7 +42,8 @@ const (
 var bottleneckDepths = []int{0, 16, 4}
 
 // bottleneckRounds is how many times each depth runs, the depths taking
-// turns; they compare by their median run.
+// turns; each round compares the default depth with the best fixed depth
+// of the same round, and the median of the rounds' ratios counts.
 const bottleneckRounds = 3
 
 // The thresholds of issue #26 at the default depth: packets sent at most
@@ -73,8 +74,8 @@ type bottleneckRun struct {
 // run moves more than the link's rate (the link is in place). At the
 // default depth, as issue #26 asks, every run: taproce sends at most 1.2
 // times the packets needed, rxe counts at most 0.2 times as many
-// duplicate requests; and its median goodput is at least 0.9 times the
-// best fixed depth's median.
+// duplicate requests; and its goodput is at least 0.9 times the best
+// fixed depth's of the same round, in the median round.
 //
 // The runs are short (about 2 s) against an emulated VM (TCG) on a shared
 // host: the 0.9 is their noise when nothing goes wrong (19–22.7 MB/s at
@@ -82,12 +83,13 @@ type bottleneckRun struct {
 // the VM now and then stretches the round trips of a run, the control's
 // delay rule reads it as a queue and cuts the window hundreds of times
 // (400–575 cuts in the slowest runs seen, against 70–170), and the run
-// moves up to half as much, at whatever depth it falls: each depth
-// therefore runs bottleneckRounds
-// times, the depths taking turns, and the depths compare by their
-// median, not by one run against the best of the others. The comparison
-// is with figures of the same test, not absolute, because the VM's speed
-// is not taproce's.
+// moves up to half as much, at whatever depth it falls. Such spells
+// last seconds, most often just after the VM has booted, and slowed
+// every depth of a round alike (13.2, 11.0, 11.0 MB/s), or two of three:
+// so each round compares its own runs, three rounds run, and the median
+// of their ratios counts — medians of each depth's runs failed when a
+// spell took two of the default's. The comparison is with figures of
+// the same test, not absolute, because the VM's speed is not taproce's.
 func TestBottleneck(t *testing.T) {
 	p, _ := needPeer(t)
 	r := newPerfRig(t, rigConfig{egress: impair.Spec{Rate: bottleneckRate, Queue: bottleneckQueue}})
@@ -111,25 +113,20 @@ func TestBottleneck(t *testing.T) {
 			}
 		})
 	}
-	medians := make([]float64, len(bottleneckDepths))
-	for i, g := range goodputs {
-		if len(g) != bottleneckRounds {
-			return // a run failed already; no comparison
+	var ratios []float64
+	for round := range bottleneckRounds {
+		best := 0.0
+		for i := 1; i < len(bottleneckDepths); i++ {
+			if round >= len(goodputs[i]) || round >= len(goodputs[0]) {
+				return // a run failed already; no comparison
+			}
+			best = max(best, goodputs[i][round])
 		}
-		medians[i] = median(g)
-		t.Logf("%s: median %.2f MB/s of %.2f", depthName(bottleneckDepths[i]), medians[i], g)
+		ratios = append(ratios, goodputs[0][round]/best)
+		t.Logf("round %d: the default depth %.2f MB/s, the best fixed depth %.2f MB/s: %.2f of it", round+1, goodputs[0][round], best, ratios[round])
 	}
-	best := 1
-	for i := 2; i < len(medians); i++ {
-		if medians[i] > medians[best] {
-			best = i
-		}
-	}
-	t.Logf("goodput at the default depth %.2f MB/s, best fixed depth (-t %d) %.2f MB/s: %.2f of it",
-		medians[0], bottleneckDepths[best], medians[best], medians[0]/medians[best])
-	if medians[0] < bottleneckMargin*medians[best] {
-		t.Errorf("median goodput at the default depth %.2f MB/s, under %.1f × the %.2f MB/s of -t %d",
-			medians[0], bottleneckMargin, medians[best], bottleneckDepths[best])
+	if m := median(ratios); m < bottleneckMargin {
+		t.Errorf("goodput at the default depth %.2f of the best fixed depth's in the median round (%.2f), want ≥ %.1f", m, ratios, bottleneckMargin)
 	}
 }
 
