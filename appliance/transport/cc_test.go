@@ -29,7 +29,8 @@ type ccAt struct {
 
 func newCCAt(window int) *ccAt {
 	a := &ccAt{now: time.Unix(1000, 0)}
-	a.c.reset(true, window, a.now, &a.cuts, &ccPath{})
+	// A drop on the path a while ago: the delay rule is awake.
+	a.c.reset(true, window, a.now, &a.cuts, &ccPath{dropAt: a.now.Add(-time.Second)})
 	return a
 }
 
@@ -71,6 +72,20 @@ func TestCongestionSignals(t *testing.T) {
 		}, func(a *ccAt) string {
 			if a.cuts.Load() == 0 || a.c.cwnd >= max || a.c.cwnd < max*(1-ccMaxCut)*(1-ccMaxCut) {
 				return "want a cut of at most half a round trip"
+			}
+			return ""
+		}},
+		{"without a drop on the path, delay does not cut", func(t *testing.T, a *ccAt) {
+			a.c.path.dropAt = time.Time{}
+			for range 10 {
+				a.round(base, max)
+			}
+			for range 10 {
+				a.round(4*base, max)
+			}
+		}, func(a *ccAt) string {
+			if a.cuts.Load() != 0 {
+				return "delay cut where no queue had overflowed"
 			}
 			return ""
 		}},

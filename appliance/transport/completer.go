@@ -45,7 +45,7 @@ func (qp *QP) complete(frame []byte, p *roce.Packet, ref []byte) {
 			if qp.attr.RNRRetry != 7 {
 				qp.rnrLeft--
 			}
-			qp.congested()
+			qp.congested(false)
 			qp.rewind(psn)
 			qp.rnrAt = qp.e.cfg.Now().Add(RNRDelay(syn.Value()))
 			qp.e.timerSet(qp.rnrAt)
@@ -70,7 +70,7 @@ func (qp *QP) complete(frame []byte, p *roce.Packet, ref []byte) {
 				if qp.attr.RetryCnt != 7 {
 					qp.retryLeft--
 				}
-				qp.congested()
+				qp.congested(true)
 				qp.rewind(psn)
 			case roce.NAKInvalidRequest:
 				qp.toError(abi.WCRemInvReqErr, true)

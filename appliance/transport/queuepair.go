@@ -597,7 +597,7 @@ func (qp *QP) tick(now time.Time) {
 		if qp.attr.RetryCnt != 7 {
 			qp.retryLeft--
 		}
-		qp.congested()
+		qp.congested(true)
 		// READs and atomics whose answer is still missing may be asked
 		// for again, once more each.
 		for i := qp.sqHead; i < qp.sqNext; i++ {
