@@ -24,8 +24,7 @@ import (
 //     a queue that builds behind a slower link is held short of its drop
 //     point (a tbf, a switch), where go-back-N would resend the window.
 //     The rule wakes on a path where a drop has shown such a queue, for
-//     ccDropMemory (ccPath.dropped).
-//     A single late sample — a receiver that stalls, a scheduler's delay
+//     ccDropMemory (ccPath.dropped). A single late sample — a receiver that stalls, a scheduler's delay
 //     — is not a queue: it must last three epochs. base is the least of
 //     the current and the previous ccBasePeriod, so that a host that
 //     becomes busy for good (every round trip longer, whatever the
@@ -43,7 +42,7 @@ import (
 //     is. Two QPs behind a link marking from 32 KiB (TestLabECN) kept
 //     27 % of it with DCTCP's alpha of the round trips that brought a
 //     CNP (CNPs came in every round trip: alpha near 1, the windows
-//     halved), 68 % with g = 1/16 per slot, 85 % with DCQCN's 1/256.
+//     halved), 68 % with g = 1/16 per slot, 80–85 % with DCQCN's 1/256.
 //
 // A QP starts with the whole fixed window, as a RoCE NIC starts at line
 // rate (DCQCN): on an open path the control costs nothing. Between cuts
@@ -93,7 +92,6 @@ type congestion struct {
 
 	epochEnd time.Time
 	epochMin time.Duration // 0: no sample yet this epoch
-	epochCNP bool          // a CNP came this epoch
 	mins     [ccEpochs]time.Duration
 	nmins    int
 
@@ -269,7 +267,7 @@ func (c *congestion) sample(rtt time.Duration, now time.Time) {
 	copy(c.mins[1:], c.mins[:ccEpochs-1])
 	c.mins[0] = c.epochMin
 	c.nmins = min(c.nmins+1, ccEpochs)
-	c.epochMin, c.epochCNP, c.epochEnd = 0, false, now.Add(c.srtt)
+	c.epochMin, c.epochEnd = 0, now.Add(c.srtt)
 	if c.nmins < ccEpochs || now.Sub(c.cnpAt) < ccCNPRest || now.Sub(c.cutAt) < c.srtt || !c.path.dropped(now) {
 		return
 	}
@@ -327,14 +325,14 @@ func (c *congestion) loss(sentTo roce.PSN, now time.Time) {
 // Like TCP's congestion window reduced state, one cut answers the marks
 // of a window: CNPs that come before what was sent after the cut is
 // acknowledged are for packets that met the queue it cut, and cut no
-// more (without it two QPs behind a marking link kept 26 % of it).
+// more (without it two QPs behind a marking link kept 27 % of it).
 func (c *congestion) cnp(now time.Time, acked, sentTo roce.PSN) {
 	if !c.on {
 		return
 	}
 	c.decayAlpha(now)
 	c.alpha += ccAlphaGain * (1 - c.alpha)
-	c.cnpAt, c.epochCNP = now, true
+	c.cnpAt = now
 	c.signalAt = now
 	if c.cnpWait && c.cnpTo.Diff(acked) > 0 || now.Sub(c.cutAt) < cnpGap {
 		return
