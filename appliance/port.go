@@ -115,11 +115,14 @@ type Port struct {
 	log *slog.Logger
 
 	ingress, egress *impair.Impairer
-	egressMu        sync.Mutex
-	ingressMu       sync.Mutex  // serialises delivery from the loop and the flusher
-	rxPkt           roce.Packet // descriptor of the frame being delivered, under ingressMu
-	ctl             []byte      // headroom + one frame, for station and impaired sends
-	ctlBufs         [][]byte    // the one-element batch holding ctl, under egressMu
+	// ingressEarly and egressEarly let a rate-limited direction's frames
+	// go up to one flusher period before they are due (linkEarly).
+	ingressEarly, egressEarly time.Duration
+	egressMu                  sync.Mutex
+	ingressMu                 sync.Mutex  // serialises delivery from the loop and the flusher
+	rxPkt                     roce.Packet // descriptor of the frame being delivered, under ingressMu
+	ctl                       []byte      // headroom + one frame, for station and impaired sends
+	ctlBufs                   [][]byte    // the one-element batch holding ctl, under egressMu
 
 	rxFrames, rxBytes, txFrames, txBytes, txErrors, rxErrors atomic.Uint64
 	delivered                                                atomic.Uint64
@@ -215,10 +218,10 @@ func NewPort(dev tap.Device, cfg PortConfig) (*Port, error) {
 		done:    make(chan struct{}),
 	}
 	if cfg.Ingress.Enabled() {
-		p.ingress = impair.New(cfg.Ingress)
+		p.ingress, p.ingressEarly = impair.New(cfg.Ingress), linkEarly(cfg.Ingress)
 	}
 	if cfg.Egress.Enabled() {
-		p.egress = impair.New(cfg.Egress)
+		p.egress, p.egressEarly = impair.New(cfg.Egress), linkEarly(cfg.Egress)
 	}
 	st, err := station.New(station.Config{MAC: cfg.MAC, Addrs: cfg.Addrs, Send: p.sendOne, Resolver: cfg.Resolver})
 	if err != nil {
@@ -322,6 +325,9 @@ func (p *Port) Send(bufs [][]byte, offset int) error {
 		for _, b := range bufs {
 			p.egress.Apply(b[offset:], now, p.writeCtlLocked)
 		}
+		if p.egressEarly > 0 {
+			p.egress.Flush(now.Add(p.egressEarly), p.writeCtlLocked)
+		}
 		return nil
 	}
 	if p.cfg.Capture != nil {
@@ -353,7 +359,11 @@ func (p *Port) sendOne(frame []byte) {
 	p.egressMu.Lock()
 	defer p.egressMu.Unlock()
 	if p.egress != nil {
-		p.egress.Apply(frame, time.Now(), p.writeCtlLocked)
+		now := time.Now()
+		p.egress.Apply(frame, now, p.writeCtlLocked)
+		if p.egressEarly > 0 {
+			p.egress.Flush(now.Add(p.egressEarly), p.writeCtlLocked)
+		}
 		return
 	}
 	p.writeCtlLocked(frame)
@@ -430,7 +440,11 @@ func (p *Port) onFrame(frame []byte) {
 	}
 	p.ingressMu.Lock()
 	if p.ingress != nil {
-		p.ingress.Apply(frame, time.Now(), p.deliverLocked)
+		now := time.Now()
+		p.ingress.Apply(frame, now, p.deliverLocked)
+		if p.ingressEarly > 0 {
+			p.ingress.Flush(now.Add(p.ingressEarly), p.deliverLocked)
+		}
 	} else {
 		p.deliverLocked(frame)
 	}
@@ -500,13 +514,31 @@ func (p *Port) recvRoCE(frame []byte) {
 
 func (p *Port) drop(r station.DropReason) { p.drops[r].Add(1) }
 
+// flushPeriod is how often the flusher releases held frames that are due.
+const flushPeriod = 100 * time.Microsecond
+
+// linkEarly is how long before it is due a frame of a rate-limited
+// direction may leave: one flusher period. The Go runtime's timers sleep
+// a millisecond or so on an idle host, and a frame held for the 0.8 µs
+// a ping takes on a 1 Gb/s link waited for the next tick that long at
+// each port it crossed — a ping's round trip of 3.3 ms, a send_lat of
+// 1.7 ms; released up to a period early, a frame on an idle link leaves
+// at once, and a backlog still leaves at the link's rate, the error
+// bounded by the period. A fixed delay keeps its exact due times.
+func linkEarly(s impair.Spec) time.Duration {
+	if s.Rate > 0 && s.Delay == 0 {
+		return flushPeriod
+	}
+	return 0
+}
+
 // flushLoop releases held frames (delayed, reordered or paced by the
 // impairment's link) when they fall due.
 // Ingress frames released here are delivered on this goroutine,
 // serialised with the loop by ingressMu.
 func (p *Port) flushLoop() {
 	defer p.wg.Done()
-	tick := time.NewTicker(100 * time.Microsecond)
+	tick := time.NewTicker(flushPeriod)
 	defer tick.Stop()
 	for {
 		select {
@@ -515,12 +547,12 @@ func (p *Port) flushLoop() {
 		case now := <-tick.C:
 			if p.egress != nil {
 				p.egressMu.Lock()
-				p.egress.Flush(now, p.writeCtlLocked)
+				p.egress.Flush(now.Add(p.egressEarly), p.writeCtlLocked)
 				p.egressMu.Unlock()
 			}
 			if p.ingress != nil {
 				p.ingressMu.Lock()
-				p.ingress.Flush(now, p.deliverLocked)
+				p.ingress.Flush(now.Add(p.ingressEarly), p.deliverLocked)
 				p.ingressMu.Unlock()
 			}
 		}

@@ -196,6 +196,26 @@ func TestLabRun(t *testing.T) {
 	}
 }
 
+// TestLabRunLink runs the lab behind the impairment's bottleneck link
+// (taproce lab --impair rate=…,queue=…): the exchange's 512 frames in
+// flight overflow the 128 KiB queues, whose drops are expected, and every
+// step passes, the exchange's saying how many the queues dropped.
+func TestLabRunLink(t *testing.T) {
+	p := prefix(t)
+	var out strings.Builder
+	_, err := Run(context.Background(), Options{
+		Prefix: p, Hosts: 2, MTU: 1500, Offload: true, Frames: 20000, RDMA: 16 << 20,
+		Impair: "rate=1gbit,queue=128KiB", Out: &out, Binary: "-",
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "dropped by the link's queues") {
+		t.Fatalf("no exchange lost frames to the link's queues:\n%s", out.String())
+	}
+	t.Logf("\n%s", out.String())
+}
+
 // TestLabSuperFrames runs the exchange over offloaded TAPs without
 // impairment, so every batch goes out as UDP GSO super-frames, and checks
 // that every packet arrives intact. It names a directory without
