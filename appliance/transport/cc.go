@@ -441,14 +441,7 @@ func (qp *QP) fastTick(now time.Time) {
 		c.loss(qp.sentTo, now)
 	}
 	c.fastN++
-	for i := qp.sqHead; i < qp.sqNext; i++ {
-		if w := &qp.sq[i%uint64(len(qp.sq))]; !w.filled {
-			w.askedAt = 0
-		}
-	}
-	qp.rewind(qp.acked.Next())
-	qp.completeInOrder()
-	qp.drive()
+	qp.goBack()
 	qp.armFast(now)
 }
 

@@ -598,18 +598,24 @@ func (qp *QP) tick(now time.Time) {
 			qp.retryLeft--
 		}
 		qp.congested(true)
-		// READs and atomics whose answer is still missing may be asked
-		// for again, once more each.
-		for i := qp.sqHead; i < qp.sqNext; i++ {
-			if w := &qp.sq[i%uint64(len(qp.sq))]; !w.filled {
-				w.askedAt = 0
-			}
-		}
-		qp.rewind(qp.acked.Next())
-		qp.completeInOrder()
-		qp.drive()
+		qp.goBack()
 	}
 	qp.fastTick(now)
+}
+
+// goBack sends again everything after the last acknowledged PSN, as the
+// local ACK timeout and a fast go-back do (IBA 9.7.6.2): READs and
+// atomics whose answer is still missing may be asked for again, once
+// more each.
+func (qp *QP) goBack() {
+	for i := qp.sqHead; i < qp.sqNext; i++ {
+		if w := &qp.sq[i%uint64(len(qp.sq))]; !w.filled {
+			w.askedAt = 0
+		}
+	}
+	qp.rewind(qp.acked.Next())
+	qp.completeInOrder()
+	qp.drive()
 }
 
 // armRetry starts the local ACK timer when packets are outstanding.

@@ -131,11 +131,12 @@ func sum(xs []float64) float64 {
 }
 
 // bottleneckLab builds two hosts at MTU 9000 through their TAPs (no local
-// switch) serving taproce perf processes.
-func bottleneckLab(t *testing.T, ecn bool) *Lab {
+// switch) serving taproce perf processes, the ports marking ECT(0) when
+// ecn is set and impairing what they send by egress.
+func bottleneckLab(t *testing.T, ecn bool, egress impair.Spec) *Lab {
 	t.Helper()
 	p := prefix(t)
-	l, err := Build(Topology{Prefix: p, Hosts: 2, MTU: 9000, Offload: true, ECN: ecn,
+	l, err := Build(Topology{Prefix: p, Hosts: 2, MTU: 9000, Offload: true, ECN: ecn, Egress: egress,
 		Socket: filepath.Join(t.TempDir(), "lab.sock"), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -219,7 +220,7 @@ func TestLabBottleneck(t *testing.T) {
 	if os.Getenv("TAPROCE_LAB_BOTTLENECK") != "1" {
 		t.Skip("TAPROCE_LAB_BOTTLENECK=1 runs it, on a quiet host: its rates need the processors to itself")
 	}
-	l := bottleneckLab(t, false)
+	l := bottleneckLab(t, false, impair.Spec{})
 	a, b := l.Hosts[0], l.Hosts[1]
 	const rate = 1e9 / 8 // bytes/s
 	port := exchangePort + 100
@@ -305,23 +306,7 @@ func mbs(xs []float64) string {
 // ≥ 80 % of the link (80–85 % measured: docs/congestion.md says what the
 // rest is).
 func TestLabECN(t *testing.T) {
-	p := prefix(t)
-	link := impair.Spec{Rate: 1e9, Queue: 1 << 20, ECN: 32 << 10}
-	l, err := Build(Topology{Prefix: p, Hosts: 2, MTU: 9000, Offload: true, ECN: true, Egress: link,
-		Socket: filepath.Join(t.TempDir(), "lab.sock"), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := l.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	stop, err := serveClients(context.Background(), l)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(stop)
+	l := bottleneckLab(t, true, impair.Spec{Rate: 1e9, Queue: 1 << 20, ECN: 32 << 10})
 	a, b := l.Hosts[0], l.Hosts[1]
 	m := newFlowMeter(b)
 	runWriters(t, l, writer{port: exchangePort + 110, qps: 2, secs: 3})
