@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"net/netip"
@@ -145,7 +146,18 @@ func newPerfRig(t *testing.T, cfg rigConfig) *perfRig {
 	pc := appliance.PortConfig{Namespace: Namespace, Netns: netnsutil.Path(Namespace), Name: perfPortName,
 		Addrs: []netip.Prefix{perfAddr}, MTU: jumboMTU, Egress: cfg.egress, Logger: quiet}
 	r.wire = newWireTally(perfAddr.Addr())
-	if pc.Capture, err = capture.NewWriter(r.wire); err != nil {
+	var out io.Writer = r.wire
+	if dir := os.Getenv(CaptureDirEnv); dir != "" {
+		// The same capture to a file too, for a person to read.
+		f, err := os.Create(filepath.Join(dir, "interop-perf-"+strings.ReplaceAll(t.Name(), "/", "-")+".pcap"))
+		if err != nil {
+			r.app.Close()
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		out = io.MultiWriter(r.wire, f)
+	}
+	if pc.Capture, err = capture.NewWriter(out); err != nil {
 		r.app.Close()
 		t.Fatal(err)
 	}
@@ -832,6 +844,18 @@ func tapTxDropped(peer string) (uint64, error) {
 // counter moved, ACK timeouts stayed few on both sides, taproce sent and
 // received no NAK or RNR NAK and dropped nothing, and each side accepted
 // as many packets as the other sent.
+// logOurs logs the port's transport counters between two snaps, and the
+// frames the VM's TAP dropped meanwhile.
+func logOurs(t *testing.T, snap0, snap1 rigSnap) {
+	t.Helper()
+	s0, s1 := snap0.stats, snap1.stats
+	t.Logf("taproce: sent %d received %d dropped %d retransmits %d timeouts %d NAKs sent %d received %d RNR NAKs sent %d received %d duplicate requests %d responses %d window cuts %d; the VM's TAP dropped %d",
+		s1.Sent-s0.Sent, s1.Received-s0.Received, s1.Dropped-s0.Dropped, s1.Retransmits-s0.Retransmits, s1.Timeouts-s0.Timeouts,
+		s1.NAKsSent-s0.NAKsSent, s1.NAKsReceived-s0.NAKsReceived, s1.RNRNAKsSent-s0.RNRNAKsSent, s1.RNRNAKsReceived-s0.RNRNAKsReceived,
+		s1.DuplicateRequests-s0.DuplicateRequests, s1.DuplicateResponses-s0.DuplicateResponses, s1.WindowCuts-s0.WindowCuts,
+		vmDropped(snap0, snap1))
+}
+
 func checkCounters(t *testing.T, iters int, snap0, snap1 rigSnap, before, after Counters) {
 	t.Helper()
 	d := after.Sub(before)
@@ -851,10 +875,7 @@ func checkCounters(t *testing.T, iters int, snap0, snap1 rigSnap, before, after 
 		t.Logf("the VM's TAP dropped %d frames during this run: up to %d ACK timeouts and rxe's sequence NAKs (%d) allowed",
 			tapDrops, allowed, seqNAKs)
 	}
-	t.Logf("taproce: sent %d received %d dropped %d retransmits %d timeouts %d NAKs sent %d received %d RNR NAKs sent %d received %d duplicate requests %d responses %d",
-		s1.Sent-s0.Sent, s1.Received-s0.Received, s1.Dropped-s0.Dropped, s1.Retransmits-s0.Retransmits, s1.Timeouts-s0.Timeouts,
-		s1.NAKsSent-s0.NAKsSent, s1.NAKsReceived-s0.NAKsReceived, s1.RNRNAKsSent-s0.RNRNAKsSent, s1.RNRNAKsReceived-s0.RNRNAKsReceived,
-		s1.DuplicateRequests-s0.DuplicateRequests, s1.DuplicateResponses-s0.DuplicateResponses)
+	logOurs(t, snap0, snap1)
 	for _, k := range errorCounters {
 		if d[k] != 0 && !(k == "out_of_seq_request" && tapDrops > 0) {
 			t.Errorf("rxe counter %s rose by %d", k, d[k])
@@ -1060,6 +1081,10 @@ func TestPerftestOptions(t *testing.T) {
 			before, vmOut, after, ok := splitCounters(vmAll)
 			t.Logf("VM %s %s (exit %d):\n%s", c.tool, vmArgs, code, strings.TrimSpace(vmOut))
 			if werr != nil || code != 0 || !ok {
+				logOurs(t, s0, r.snap())
+				if ok {
+					t.Logf("rxe counters: %v", after.Sub(before))
+				}
 				t.Fatalf("VM server: exit %d, %v", code, werr)
 			}
 			checkOptionRun(t, c, string(out), c.results, vmOut, serverLines)
@@ -1094,6 +1119,10 @@ func TestPerftestOptions(t *testing.T) {
 			s1 := r.snap()
 			t.Logf("taproce perf %s:\n%s", strings.Join(ourArgs, " "), strings.TrimSpace(ours.String()))
 			if err != nil || werr != nil || !ok {
+				logOurs(t, s0, s1)
+				if ok {
+					t.Logf("rxe counters: %v", after.Sub(before))
+				}
 				t.Fatalf("VM client: %v; taproce perf server: %v", err, werr)
 			}
 			checkOptionRun(t, c, ours.String(), serverLines, vmOut, c.results)

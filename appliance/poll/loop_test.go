@@ -363,6 +363,28 @@ func TestBlockingLoopHold(t *testing.T) {
 	remove() // a second call does nothing
 }
 
+// TestBlockingLoopHoldBegunBeforeSleep: a hold begun after the pass
+// looked, with no kick — as the helper begins one when the message it
+// polled from a source waits for company — keeps the loop from sleeping:
+// nothing else would wake it until the peer retransmits.
+func TestBlockingLoopHoldBegunBeforeSleep(t *testing.T) {
+	l := newBlocking(t)
+	s := newPipeSource(t)
+	defer l.AddSleeper(s.poll, Sleeper{Fd: s.r})()
+	var due atomic.Int64
+	defer l.AddHold(due.Load, func() { due.Store(0) })()
+	list := *l.list.Load()
+	// The first sleep takes the kicks of AddSleeper and AddHold.
+	promptly(t, "the loop slept through its kicks", func() { l.sleep(list) })
+	due.Store(time.Now().Add(time.Hour).UnixNano())
+	promptly(t, "the loop slept with a hold pending", func() { l.sleep(list) })
+	for _, e := range list {
+		if e.state.Load() != entryIdle {
+			t.Error("a source is still held after sleep")
+		}
+	}
+}
+
 // TestBlockingLoopRemoveWhileSleeping: remove returns at once while the
 // loop sleeps holding the source, and the loop goes on with the others.
 func TestBlockingLoopRemoveWhileSleeping(t *testing.T) {
