@@ -519,9 +519,9 @@ func (l *Loop) sleep(list []*loopEntry) {
 	// A hold begun since the pass looked — by the helper, whose poll of
 	// a source it had just released received a message whose ACK waits
 	// for company — is watched, not slept through: nothing would wake the
-	// loop for it, and the ACK waited for the peer's retransmission (rxe
-	// timed out after 67 ms in TestPerftestOptions). Every source is held
-	// now, so no later one begins unseen.
+	// loop for it, and the ACK would wait for the peer's next packet or
+	// retransmission. Every source is held now, so no later one begins
+	// unseen.
 	if ok && l.holding() {
 		ok = false
 	}
