@@ -57,7 +57,7 @@ func TestAckReqStream(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s := newSim(t, impair.Spec{}, 1500)
-			cn := s.connect(connOpts{})
+			cn := s.connect(connOpts{open: true})
 			var fromA, fromB []sentFrame
 			record(t, s.a, &fromA)
 			record(t, s.b, &fromB)

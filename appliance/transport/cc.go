@@ -44,12 +44,26 @@ import (
 //     CNP (CNPs came in every round trip: alpha near 1, the windows
 //     halved), 68 % with g = 1/16 per slot, 80–85 % with DCQCN's 1/256.
 //
-// A QP starts with the whole fixed window, as a RoCE NIC starts at line
-// rate (DCQCN): on an open path the control costs nothing. Between cuts
-// the window grows by one packet a round trip, and doubles each round
-// trip (slow start) once the path has shown no signal for ccForget.
+// A QP starts with ccInitWindow packets in slow start, doubling the
+// window each round trip up to the fixed window: a few round trips on an
+// open path, and the base is measured before its own burst fills a queue.
+// Started with the whole fixed window, as a RoCE NIC starts at line rate,
+// eight QPs reading from rxe in the emulated VM had 4 MiB of responses
+// asked for at once, which the VM sends in 200 ms: every request behind
+// the first 67 ms timed out and was asked again (2.4× the packets needed,
+// TestReadBurst). Slow start ends at the first signal, or when an
+// epoch's round trip, with the rule awake, is above its target (as
+// HyStart leaves it on delay, before a loss). Between cuts the window
+// grows by one packet a round trip, and doubles each round trip again
+// once the path has shown no signal for ccForget.
+//
+// The delay rule is also awake while round trips are longer than an
+// eighth of the QP's local ACK timeout (ccLongRTT): a queue that long
+// is a timeout on its way, a loss whether or not a queue has dropped.
 const (
 	ccMinWindow  = 1.0
+	ccInitWindow = 16
+	ccLongRTT    = 8
 	ccSlack      = 100 * time.Microsecond
 	ccFlowRange  = 600 * time.Microsecond
 	ccBeta       = 0.8
@@ -86,6 +100,9 @@ type congestion struct {
 	cwnd float64 // packets
 	max  float64 // the fixed window
 	slow bool    // slow start: doubling each round trip
+	// long is the round trip that wakes the delay rule: the local ACK
+	// timeout / ccLongRTT; 0 with no timeout.
+	long time.Duration
 
 	srtt time.Duration
 	path *ccPath // the least round trip, shared with the QPs to the same address
@@ -188,10 +205,16 @@ func (qp *QP) releasePath() {
 	}
 }
 
-// reset starts control afresh for a new connection.
-func (c *congestion) reset(on bool, window int, now time.Time, cuts *atomic.Uint64, path *ccPath) {
-	*c = congestion{on: on, cwnd: float64(window), max: float64(window), alpha: 1, alphaAt: now, signalAt: now, cuts: cuts, path: path}
+// reset starts control afresh for a new connection, in slow start;
+// timeout is the QP's local ACK timeout.
+func (c *congestion) reset(on bool, window int, timeout time.Duration, now time.Time, cuts *atomic.Uint64, path *ccPath) {
+	*c = congestion{on: on, cwnd: float64(min(ccInitWindow, window)), max: float64(window), slow: true,
+		alpha: 1, alphaAt: now, signalAt: now, cuts: cuts, path: path}
+	c.setTimeout(timeout)
 }
+
+// setTimeout takes the QP's local ACK timeout (0: none).
+func (c *congestion) setTimeout(timeout time.Duration) { c.long = timeout / ccLongRTT }
 
 // limit returns the packets the window allows in flight, at most max.
 func (c *congestion) limit(max int) int {
@@ -264,19 +287,28 @@ func (c *congestion) sample(rtt time.Duration, now time.Time) {
 		return
 	}
 	// The epoch is over: judge it.
+	em := c.epochMin
 	copy(c.mins[1:], c.mins[:ccEpochs-1])
-	c.mins[0] = c.epochMin
+	c.mins[0] = em
 	c.nmins = min(c.nmins+1, ccEpochs)
 	c.epochMin, c.epochEnd = 0, now.Add(c.srtt)
-	if c.nmins < ccEpochs || now.Sub(c.cnpAt) < ccCNPRest || now.Sub(c.cutAt) < c.srtt || !c.path.dropped(now) {
+	awake := c.path.dropped(now) || c.long != 0 && em > c.long
+	if !awake || now.Sub(c.cnpAt) < ccCNPRest {
+		return
+	}
+	base := c.path.least()
+	target := base + max(ccSlack, base) + c.flowScaling()
+	if c.slow && em > target {
+		// A queue has begun: stop doubling, without a cut.
+		c.slow, c.signalAt = false, now
+	}
+	if c.nmins < ccEpochs || now.Sub(c.cutAt) < c.srtt {
 		return
 	}
 	m := c.mins[0]
 	for _, v := range c.mins[1:] {
 		m = min(m, v)
 	}
-	base := c.path.least()
-	target := base + max(ccSlack, base) + c.flowScaling()
 	if m <= target {
 		return
 	}

@@ -30,7 +30,7 @@ type ccAt struct {
 func newCCAt(window int) *ccAt {
 	a := &ccAt{now: time.Unix(1000, 0)}
 	// A drop on the path a while ago: the delay rule is awake.
-	a.c.reset(true, window, a.now, &a.cuts, &ccPath{dropAt: a.now.Add(-time.Second)})
+	a.c.reset(true, window, 0, a.now, &a.cuts, &ccPath{dropAt: a.now.Add(-time.Second)})
 	return a
 }
 
@@ -168,6 +168,63 @@ func TestCongestionSignals(t *testing.T) {
 			}
 			if a.cuts.Load() != 1 {
 				return "the delay rule cut while CNPs flow"
+			}
+			return ""
+		}},
+		{"a QP starts in slow start: ccInitWindow, doubling each round trip", func(t *testing.T, a *ccAt) {
+			if a.c.limit(max) != ccInitWindow || !a.c.slow {
+				t.Fatalf("started with %d packets, slow start %v; want %d, slow start", a.c.limit(max), a.c.slow, ccInitWindow)
+			}
+			for want := 2 * ccInitWindow; want <= max; want *= 2 {
+				a.round(base, max)
+				if got := a.c.limit(max); got != want {
+					t.Fatalf("window %d after a round trip, want %d", got, want)
+				}
+			}
+		}, func(a *ccAt) string {
+			if a.cuts.Load() != 0 {
+				return "slow start cut an open path"
+			}
+			return ""
+		}},
+		{"slow start ends without a cut when a queue begins", func(t *testing.T, a *ccAt) {
+			for range 2 {
+				a.round(base, max)
+			}
+			a.round(4*base, max) // one epoch above the target
+		}, func(a *ccAt) string {
+			if a.c.slow || a.cuts.Load() != 0 || a.c.cwnd < 4*ccInitWindow {
+				return "want slow start over, and no cut"
+			}
+			return ""
+		}},
+		{"round trips near the ACK timeout wake the delay rule with no drop", func(t *testing.T, a *ccAt) {
+			a.c.path.dropAt = time.Time{}
+			a.c.setTimeout(64 * time.Millisecond) // wakes above 8 ms
+			for range 10 {
+				a.round(time.Millisecond, max)
+			}
+			for range 4 {
+				a.round(10*time.Millisecond, max)
+			}
+		}, func(a *ccAt) string {
+			if a.cuts.Load() == 0 {
+				return "round trips of 10 ms against a 64 ms timeout did not cut"
+			}
+			return ""
+		}},
+		{"round trips far from the ACK timeout leave the rule asleep", func(t *testing.T, a *ccAt) {
+			a.c.path.dropAt = time.Time{}
+			a.c.setTimeout(64 * time.Millisecond)
+			for range 10 {
+				a.round(time.Millisecond, max)
+			}
+			for range 10 {
+				a.round(6*time.Millisecond, max)
+			}
+		}, func(a *ccAt) string {
+			if a.cuts.Load() != 0 {
+				return "round trips of 6 ms against a 64 ms timeout cut"
 			}
 			return ""
 		}},

@@ -231,7 +231,7 @@ func TestKillNAKOnce(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newSim(t, impair.Spec{}, 1500)
-			c := s.connect(connOpts{retry: 7, rnr: 7})
+			c := s.connect(connOpts{retry: 7, rnr: 7, open: true})
 			const n = 64
 			var wrs []SendWR
 			for i := range n {

@@ -212,6 +212,7 @@ func (qp *QP) Modify(attr *QPAttr, mask abi.AttrMask) error {
 	}
 	if mask&abi.QPTimeout != 0 {
 		a.Timeout = attr.Timeout
+		qp.cc.setTimeout(timeoutDuration(a.Timeout))
 	}
 	if mask&abi.QPRetryCnt != 0 {
 		a.RetryCnt = attr.RetryCnt & 7
@@ -293,7 +294,7 @@ func (qp *QP) prepare() {
 	if on {
 		path = e.path(a.AV.DstIP)
 	}
-	qp.cc.reset(on, qp.maxWindow(), e.cfg.Now(), &e.stats.windowCuts, path)
+	qp.cc.reset(on, qp.maxWindow(), timeoutDuration(qp.attr.Timeout), e.cfg.Now(), &e.stats.windowCuts, path)
 }
 
 // HopLimit is the IPv4 TTL or IPv6 hop limit of every packet an engine

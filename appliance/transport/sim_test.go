@@ -187,6 +187,9 @@ type connOpts struct {
 	// av, when set, gives the address vector towards peer (default: its
 	// IPv4 address from GID index 1).
 	av func(peer *simPort) AddressVector
+	// open starts both QPs with the whole fixed window, not in slow
+	// start, for tests of what a full window does.
+	open bool
 }
 
 func (s *sim) connect(o connOpts) *conn {
@@ -238,6 +241,11 @@ func (s *sim) connect(o connOpts) *conn {
 	}
 	up(c.qa, s.b, c.qb.Num(), o.psnB, o.psnA)
 	up(c.qb, s.a, c.qa.Num(), o.psnA, o.psnB)
+	if o.open {
+		for _, qp := range []*QP{c.qa, c.qb} {
+			qp.cc.cwnd, qp.cc.slow = qp.cc.max, false
+		}
+	}
 	return c
 }
 

@@ -1,0 +1,127 @@
+package interop
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/taproce/taproce/internal/perf"
+)
+
+// This file measures READ against the emulated VM, whose TAP is the
+// slow part of the path: a READ's responses leave their responder as fast
+// as it can send them, and what the VM's TAP has no room for is lost —
+// the requester then waits for its local ACK timeout (67 ms at perftest's
+// 14) and asks again, and go-back-N sends the rest of the window again.
+// Issue #26 measured, before taproce's congestion control: taproce → rxe
+// `ib_read_bw -q 8 -s 65536 -n 20` made rxe send 2.4–5.3 times the
+// response packets needed; rxe → taproce `ib_read_bw` of 1 MiB lost 1800
+// of taproce's responses at the VM's TAP in one run.
+
+// The runs, at perftest's path MTU 1024.
+const (
+	readBurstMTU    = 1024
+	readBurstQPs    = 8
+	readBurstSize   = 64 << 10
+	readBurstIters  = 20 // per QP
+	readLargeSize   = 1 << 20
+	readLargeIters  = 10
+	readBurstFactor = 1.2 // packets sent at most this many times those needed
+)
+
+// readPackets is how many response packets n READs of size need.
+func readPackets(n, size int) uint64 {
+	return uint64(n * ((size + readBurstMTU - 1) / readBurstMTU))
+}
+
+// TestReadBurst: READs whose responses cross the VM's TAP, each way.
+//
+//   - taproce → rxe: `taproce perf ib_read_bw -q 8 -s 65536 -n 20` against
+//     the VM's server; rxe's READ responses (its sent_pkts) are at most
+//     1.2 times those needed, as issue #26 asks.
+//   - rxe → taproce: the VM's `ib_read_bw -s 1048576 -n 10` against
+//     `taproce perf`'s server; taproce's responses are at most 1.2 times
+//     those needed, and the VM's TAP drops at most a twentieth of them
+//     (no drop storm).
+func TestReadBurst(t *testing.T) {
+	p, _ := needPeer(t)
+	r := newPerfRig(t, rigConfig{})
+	r.reach(t, p)
+	t.Run("taproce-reads", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		args := fmt.Sprintf("-m %d -q %d -s %d -n %d", readBurstMTU, readBurstQPs, readBurstSize, readBurstIters)
+		vmCmd := "timeout 120 ib_read_bw -d rxe0 -x 1 -F " + args
+		s0 := r.snap()
+		job := p.Spawn(ctx, "readburst-server", withCounters(vmCmd))
+		out, err := r.clientOutput(ctx, append([]string{"ib_read_bw", "--json"}, append(strings.Fields(args), p.IP.String())...)...)
+		s1 := r.settled()
+		code, vmAll, werr := job.Wait(ctx, 2*time.Minute)
+		before, vmOut, after, ok := splitCounters(vmAll)
+		t.Logf("taproce perf ib_read_bw %s:\n%s", args, strings.TrimSpace(string(out)))
+		t.Logf("VM %s (exit %d):\n%s", vmCmd, code, strings.TrimSpace(vmOut))
+		logOurs(t, s0, s1)
+		if err != nil || werr != nil || code != 0 || !ok {
+			t.Fatalf("taproce perf: %v; VM server: exit %d, %v", err, code, werr)
+		}
+		d := after.Sub(before)
+		t.Logf("rxe counters: %v", d)
+		ours, err := parseOurs(string(out))
+		if err != nil || len(ours) != 1 {
+			t.Fatalf("taproce perf's results: %v", err)
+		}
+		needed := readPackets(readBurstQPs*readBurstIters, readBurstSize)
+		sent := d["sent_pkts"]
+		t.Logf("rxe sent %d packets for %d response packets needed (%.3f×); %.2f MB/s", sent, needed, float64(sent)/float64(needed), ours[0].BW.Avg)
+		if float64(sent) > readBurstFactor*float64(needed) {
+			t.Errorf("rxe sent %d packets for %d needed, more than %.1f×", sent, needed, readBurstFactor)
+		}
+	})
+	t.Run("rxe-reads", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		args := fmt.Sprintf("-m %d -s %d -n %d", readBurstMTU, readLargeSize, readLargeIters)
+		s0 := r.snap()
+		var ours bytes.Buffer
+		cmd := r.command(ctx, append([]string{"ib_read_bw", "--json"}, strings.Fields(args)...)...)
+		cmd.Stdout, cmd.Stderr = &ours, &ours
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		waited := make(chan error, 1)
+		go func() { waited <- cmd.Wait() }()
+		if err := waitListening(ctx, perf.DefaultPort); err != nil {
+			cmd.Process.Kill()
+			<-waited
+			t.Fatalf("taproce perf server: %v\n%s", err, ours.String())
+		}
+		vmCmd := "timeout 120 ib_read_bw -d rxe0 -x 1 -F " + args + " " + HostIP
+		all, stderr, err := p.Exec(ctx, withCounters(vmCmd))
+		if err != nil {
+			cancel()
+		}
+		werr := <-waited
+		s1 := r.settled()
+		before, vmOut, after, ok := splitCounters(all)
+		t.Logf("VM %s (exit %d):\n%s%s", vmCmd, max(ExitCode(err), 0), strings.TrimSpace(vmOut), stderr)
+		t.Logf("taproce perf ib_read_bw %s:\n%s", args, strings.TrimSpace(ours.String()))
+		logOurs(t, s0, s1)
+		if err != nil || werr != nil || !ok {
+			t.Fatalf("VM client: %v; taproce perf server: %v", err, werr)
+		}
+		t.Logf("rxe counters: %v", after.Sub(before))
+		needed := readPackets(readLargeIters, readLargeSize)
+		sent := s1.stats.Sent - s0.stats.Sent
+		drops := vmDropped(s0, s1)
+		t.Logf("taproce sent %d packets for %d response packets needed (%.3f×); the VM's TAP dropped %d", sent, needed, float64(sent)/float64(needed), drops)
+		if float64(sent) > readBurstFactor*float64(needed) {
+			t.Errorf("taproce sent %d packets for %d needed, more than %.1f×", sent, needed, readBurstFactor)
+		}
+		if drops > needed/20 {
+			t.Errorf("the VM's TAP dropped %d of taproce's %d packets: a drop storm", drops, sent)
+		}
+	})
+}
