@@ -85,6 +85,11 @@ const (
 	// cnpGap is the least time between two CNPs a QP sends: one per
 	// 50 µs per flow, as DCQCN's notification point generates them.
 	cnpGap = 50 * time.Microsecond
+	// DefaultPortInflight is Config.PortInflight's default: sixteen QPs'
+	// fixed windows.
+	DefaultPortInflight = 16 * inflightBytes
+	// ccMinShare is the least window the port's share leaves a QP.
+	ccMinShare = 2
 )
 
 // ccStamp is a request that asked for an acknowledgement: the PSN whose
@@ -189,7 +194,17 @@ func (e *Engine) path(dst netip.Addr) *ccPath {
 		e.paths[dst] = p
 	}
 	p.refs++
+	e.ccQPs++
+	e.ccShare = e.portInflight() / e.ccQPs
 	return p
+}
+
+// portInflight is Config.PortInflight with its default.
+func (e *Engine) portInflight() int {
+	if e.cfg.PortInflight > 0 {
+		return e.cfg.PortInflight
+	}
+	return DefaultPortInflight
 }
 
 // releasePath ends qp's use of its path, which goes with its last QP.
@@ -200,6 +215,9 @@ func (qp *QP) releasePath() {
 		return
 	}
 	qp.cc.path = nil
+	if qp.e.ccQPs--; qp.e.ccQPs > 0 {
+		qp.e.ccShare = qp.e.portInflight() / qp.e.ccQPs
+	}
 	if p.refs--; p.refs == 0 {
 		delete(qp.e.paths, p.dst)
 	}
@@ -486,4 +504,14 @@ func (qp *QP) ackedFast(progress bool, now time.Time) {
 	if progress {
 		qp.armFast(now)
 	}
+}
+
+// share is the most packets the port's share of Config.PortInflight
+// lets the QP have in flight: the port's bytes divided among the QPs it
+// controls, at least ccMinShare packets each.
+func (qp *QP) share() int {
+	if !qp.cc.on || qp.e.ccShare >= inflightBytes {
+		return math.MaxInt // no less than the fixed window
+	}
+	return max(ccMinShare, qp.e.ccShare/max(qp.pmtu, 1))
 }

@@ -93,6 +93,11 @@ type Config struct {
 	// (lingerAnswer), or the first half of its linger when that is
 	// shorter: 0 is DefaultLingerQuiet; less than 0, no quiet spell.
 	LingerQuiet time.Duration
+	// PortInflight caps the bytes in flight of all the engine's
+	// congestion-controlled QPs (RC over a wire, cc.go): each may have its
+	// share, this divided by their number, at least two packets; 0 is
+	// DefaultPortInflight.
+	PortInflight int
 	// GSI, when set, receives the MADs that arrive for QP1, the general
 	// services interface (see GSIHandler; Engine.SetGSI changes it).
 	// Without one, packets for QP1 are dropped, as for a QP that is not
@@ -181,6 +186,8 @@ type Engine struct {
 	mu        sync.Mutex
 	qps       map[uint32]*QP
 	paths     map[netip.Addr]*ccPath // congestion control's, by destination
+	ccQPs     int                    // the QPs under congestion control (QP.share)
+	ccShare   int                    // Config.PortInflight / ccQPs
 	lingering int                    // killed or closed QPs in qps (QP.linger)
 	rng       *rand.ChaCha8          // QPNs (newRand)
 	ipID      uint16

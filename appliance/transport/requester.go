@@ -28,7 +28,8 @@ const (
 // (BenchmarkLabSpeed's local-write, 9.1–9.5 against 19–22 GB/s): their
 // buffers no longer stay in the cache.
 // Below it, the congestion window (cc.go) bounds a QP over a wire.
-func (qp *QP) window() int { return qp.cc.limit(qp.maxWindow()) }
+// The port's share (Config.PortInflight) caps it too.
+func (qp *QP) window() int { return min(qp.cc.limit(qp.maxWindow()), qp.share()) }
 
 // maxWindow is the fixed window, the hard cap on packets in flight.
 func (qp *QP) maxWindow() int { return max(maxInflight, inflightBytes/max(qp.pmtu, 1)) }
