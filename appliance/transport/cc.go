@@ -88,7 +88,8 @@ const (
 	// DefaultPortInflight is Config.PortInflight's default: sixteen QPs'
 	// fixed windows.
 	DefaultPortInflight = 16 * inflightBytes
-	// ccMinShare is the least window the port's share leaves a QP.
+	// ccMinShare is how many packets a QP may have in flight however full
+	// the port is: none waits for the others for ever.
 	ccMinShare = 2
 )
 
@@ -194,8 +195,6 @@ func (e *Engine) path(dst netip.Addr) *ccPath {
 		e.paths[dst] = p
 	}
 	p.refs++
-	e.ccQPs++
-	e.ccShare = e.portInflight() / e.ccQPs
 	return p
 }
 
@@ -215,9 +214,8 @@ func (qp *QP) releasePath() {
 		return
 	}
 	qp.cc.path = nil
-	if qp.e.ccQPs--; qp.e.ccQPs > 0 {
-		qp.e.ccShare = qp.e.portInflight() / qp.e.ccQPs
-	}
+	qp.e.ccBytes -= qp.ccCounted
+	qp.ccCounted = 0
 	if p.refs--; p.refs == 0 {
 		delete(qp.e.paths, p.dst)
 	}
@@ -506,12 +504,46 @@ func (qp *QP) ackedFast(progress bool, now time.Time) {
 	}
 }
 
-// share is the most packets the port's share of Config.PortInflight
-// lets the QP have in flight: the port's bytes divided among the QPs it
-// controls, at least ccMinShare packets each.
-func (qp *QP) share() int {
-	if !qp.cc.on || qp.e.ccShare >= inflightBytes {
-		return math.MaxInt // no less than the fixed window
+// The port's cap. The QPs a port controls have at most
+// Config.PortInflight bytes in flight together — sent (since the last
+// go-back) and not yet acknowledged, a READ's responses counted from its
+// request — each at least ccMinShare packets, and a READ request may ask
+// for up to readChunk packets past the cap. Only what is in flight
+// counts: idle and lingering QPs take nothing from the others.
+
+// countInflight brings the port's count of bytes in flight up to date
+// with qp's: after each pass of drive, which follows every
+// acknowledgement, and when the QP stops.
+func (qp *QP) countInflight() {
+	n := 0
+	if qp.cc.on && (qp.state == abi.QPSRTS || qp.state == abi.QPSSQE) {
+		n = qp.inflight() * qp.pmtu
 	}
-	return max(ccMinShare, qp.e.ccShare/max(qp.pmtu, 1))
+	qp.e.ccBytes += n - qp.ccCounted
+	qp.ccCounted = n
+}
+
+// portFull reports whether the port's controlled QPs have its cap in
+// flight, qp's sends of this pass counted.
+func (qp *QP) portFull() bool {
+	if !qp.cc.on {
+		return false
+	}
+	own := qp.inflight()
+	return own >= ccMinShare && qp.e.ccBytes-qp.ccCounted+own*qp.pmtu >= qp.e.portInflight()
+}
+
+// portAckEvery bounds the packets between two that ask for an
+// acknowledgement near the cap: two in what the others leave qp, or it
+// would stop at the cap with none asked for and wait for the local ACK
+// timeout.
+func (qp *QP) portAckEvery(every int) int {
+	if !qp.cc.on {
+		return every
+	}
+	room := qp.e.portInflight() - (qp.e.ccBytes - qp.ccCounted)
+	if room >= 2*every*qp.pmtu {
+		return every
+	}
+	return max(1, min(every, room/max(qp.pmtu, 1)/2))
 }

@@ -537,47 +537,91 @@ func TestCongestionPaths(t *testing.T) {
 	}
 }
 
-// TestCongestionPortShare: the QPs a port controls share
-// Config.PortInflight — four QPs writing 1 MiB each at once behind a
-// 64 KiB cap never have more than 64 KiB in flight together, and all
-// complete; with the cap no lower than a fixed window each, one QP alone
-// has its whole fixed window.
+// TestCongestionPortShare: the QPs a port controls have at most
+// Config.PortInflight in flight together — four QPs writing 1 MiB each at
+// once behind a 64 KiB cap never have more than 64 KiB out (and the two
+// packets each may always have), use the most of it, and wait for no local ACK timeout (each asks for
+// acknowledgements within what it may still send) — and only what is in
+// flight counts: beside seventy connected idle QPs, one QP has its whole
+// fixed window out.
 func TestCongestionPortShare(t *testing.T) {
-	s := newSim(t, impair.Spec{Rate: 1e9, Queue: 4 << 20}, 1500)
-	const cap = 64 << 10
-	s.a.eng.cfg.PortInflight = cap
-	var conns []*conn
-	for range 4 {
-		conns = append(conns, s.connect(connOpts{open: true, retry: 7, rnr: 7}))
+	const capBytes = 64 << 10
+	for _, tc := range []struct {
+		name         string
+		cap          int
+		active, idle int
+		most         int // packets in flight together, at most
+		least        int // at least, at some point
+	}{
+		// Each may have ccMinShare packets out however full the port is.
+		{"four QPs behind 64 KiB", capBytes, 4, 0, capBytes/1024 + 4*ccMinShare, capBytes / 1024 / 2},
+		{"one QP beside seventy idle ones, the default cap", 0, 1, 70, inflightBytes / 1024, inflightBytes / 1024},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSim(t, impair.Spec{Rate: 1e9, Queue: 16 << 20}, 1500)
+			s.a.eng.cfg.PortInflight = tc.cap
+			var active []*conn
+			for i := range tc.active + tc.idle {
+				c := s.connect(connOpts{open: true, retry: 7, rnr: 7})
+				if i < tc.active {
+					active = append(active, c)
+				}
+			}
+			for _, c := range active {
+				_, err := c.qa.PostSend([]SendWR{{ID: 1, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled,
+					SGL: sge(c.mra, 0, 1<<20), RemoteAddr: base, RKey: c.mrb.RKey}})
+				must(t, err)
+			}
+			most, done := 0, 0
+			s.run(10_000_000, func() bool {
+				n := 0
+				for _, c := range active {
+					n += c.qa.inflight()
+					done += len(poll(c.cqa))
+				}
+				most = max(most, n)
+				return done == len(active)
+			})
+			st := s.a.eng.Stats()
+			t.Logf("at most %d packets in flight together; %d timeouts, %d sent for %d", most, st.Timeouts, st.Sent, len(active)*1024)
+			if most > tc.most || most < tc.least {
+				t.Errorf("at most %d packets of 1024 bytes in flight together, want %d..%d", most, tc.least, tc.most)
+			}
+			if st.Timeouts != 0 {
+				t.Errorf("%d local ACK timeouts: a QP stopped at the cap with no acknowledgement asked for", st.Timeouts)
+			}
+			if s.a.eng.ccBytes != 0 {
+				t.Errorf("the port counts %d bytes in flight once all is acknowledged", s.a.eng.ccBytes)
+			}
+		})
 	}
-	for _, c := range conns {
-		if got, want := c.qa.window(), cap/4/1024; got != want {
-			t.Fatalf("window %d packets with four QPs behind %d bytes, want %d", got, cap, want)
-		}
-		_, err := c.qa.PostSend([]SendWR{{ID: 1, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled,
-			SGL: sge(c.mra, 0, 1<<20), RemoteAddr: base, RKey: c.mrb.RKey}})
-		must(t, err)
-	}
-	most, done := 0, 0
-	s.run(10_000_000, func() bool {
-		n := 0
-		for _, c := range conns {
-			n += c.qa.inflight()
-			done += len(poll(c.cqa))
-		}
-		most = max(most, n)
-		return done == len(conns)
-	})
-	if most*1024 > cap {
-		t.Errorf("%d packets of 1024 bytes in flight together, more than the port's %d bytes", most, cap)
-	}
-	if most < cap/1024/2 {
-		t.Errorf("at most %d packets in flight: the share was not used", most)
-	}
-	t.Logf("at most %d packets in flight of the %d the cap allows", most, cap/1024)
-	s.a.eng.cfg.PortInflight = 0
-	alone := newSim(t, impair.Spec{}, 1500).connect(connOpts{open: true})
-	if got := alone.qa.window(); got != alone.qa.maxWindow() {
-		t.Errorf("one QP under the default cap: window %d, want the fixed %d", got, alone.qa.maxWindow())
+}
+
+// TestCongestionPortShareKilled: a QP killed or destroyed with packets in
+// flight gives its part of the port's cap back at once, not when its
+// linger ends.
+func TestCongestionPortShareKilled(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func(e *Engine, qp *QP) error
+	}{
+		{"killed", func(e *Engine, qp *QP) error { return e.Kill(qp, time.Minute) }},
+		{"closed", func(e *Engine, qp *QP) error { return e.Close(qp, time.Minute) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSim(t, impair.Spec{}, 1500)
+			s.a.eng.cfg.PortInflight = 64 << 10
+			c := s.connect(connOpts{open: true})
+			_, err := c.qa.PostSend([]SendWR{{ID: 1, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled,
+				SGL: sge(c.mra, 0, 1<<20), RemoteAddr: base, RKey: c.mrb.RKey}})
+			must(t, err)
+			if s.a.eng.ccBytes != 64<<10 {
+				t.Fatalf("%d bytes counted in flight, want the cap", s.a.eng.ccBytes)
+			}
+			must(t, tc.end(s.a.eng, c.qa))
+			if s.a.eng.ccBytes != 0 {
+				t.Errorf("%d bytes still counted", s.a.eng.ccBytes)
+			}
+		})
 	}
 }

@@ -94,8 +94,8 @@ type Config struct {
 	// shorter: 0 is DefaultLingerQuiet; less than 0, no quiet spell.
 	LingerQuiet time.Duration
 	// PortInflight caps the bytes in flight of all the engine's
-	// congestion-controlled QPs (RC over a wire, cc.go): each may have its
-	// share, this divided by their number, at least two packets; 0 is
+	// congestion-controlled QPs (RC over a wire, cc.go), each of which may
+	// have two packets out however full the port is; 0 is
 	// DefaultPortInflight.
 	PortInflight int
 	// GSI, when set, receives the MADs that arrive for QP1, the general
@@ -186,8 +186,7 @@ type Engine struct {
 	mu        sync.Mutex
 	qps       map[uint32]*QP
 	paths     map[netip.Addr]*ccPath // congestion control's, by destination
-	ccQPs     int                    // the QPs under congestion control (QP.share)
-	ccShare   int                    // Config.PortInflight / ccQPs
+	ccBytes   int                    // bytes in flight of the controlled QPs (QP.countInflight)
 	lingering int                    // killed or closed QPs in qps (QP.linger)
 	rng       *rand.ChaCha8          // QPNs (newRand)
 	ipID      uint16

@@ -107,6 +107,8 @@ type QP struct {
 	lastPSN roce.PSN
 
 	cc congestion
+	// ccCounted is what qp counts in the engine's ccBytes (countInflight).
+	ccCounted int
 
 	scratch sgl
 	local   bool              // the destination is on a local switch: whole-message frames
@@ -531,6 +533,7 @@ func (qp *QP) toError(status abi.WCStatus, withHead bool) {
 	}
 	qp.state = abi.QPSErr
 	qp.stateChanged()
+	qp.countInflight()
 	qp.retryAt, qp.rnrAt, qp.cc.fastAt = time.Time{}, time.Time{}, time.Time{}
 	qp.flushSQ()
 	qp.flushRQ()

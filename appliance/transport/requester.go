@@ -28,15 +28,16 @@ const (
 // (BenchmarkLabSpeed's local-write, 9.1–9.5 against 19–22 GB/s): their
 // buffers no longer stay in the cache.
 // Below it, the congestion window (cc.go) bounds a QP over a wire.
-// The port's share (Config.PortInflight) caps it too.
-func (qp *QP) window() int { return min(qp.cc.limit(qp.maxWindow()), qp.share()) }
+func (qp *QP) window() int { return qp.cc.limit(qp.maxWindow()) }
 
 // maxWindow is the fixed window, the hard cap on packets in flight.
 func (qp *QP) maxWindow() int { return max(maxInflight, inflightBytes/max(qp.pmtu, 1)) }
 
 // ackEvery returns how many packets of a long message qp sends before one
 // asks for an acknowledgement.
-func (qp *QP) ackEvery() int { return qp.cc.ackEvery(max(maxPktsPerAck, ackBytes/max(qp.pmtu, 1))) }
+func (qp *QP) ackEvery() int {
+	return qp.portAckEvery(qp.cc.ackEvery(max(maxPktsPerAck, ackBytes/max(qp.pmtu, 1))))
+}
 
 // readChunk is the most packets one READ request asks for. A longer READ
 // is asked for in pieces with consecutive PSNs, two pieces ahead of what
@@ -111,8 +112,15 @@ func (qp *QP) build(p *roce.Packet, src *sgl, inline []byte, off, n uint32, mayW
 func (qp *QP) inflight() int { return qp.psn.Diff(qp.acked.Next()) }
 
 // drive sends what the send queue holds, as far as the window, the
-// max_rd_atomic limit and an RNR wait allow.
+// port's cap, the max_rd_atomic limit and an RNR wait allow.
 func (qp *QP) drive() {
+	qp.driveQueue()
+	if qp.cc.on {
+		qp.countInflight()
+	}
+}
+
+func (qp *QP) driveQueue() {
 	if qp.state != abi.QPSRTS && qp.state != abi.QPSSQE || !qp.rnrAt.IsZero() {
 		return
 	}
@@ -120,7 +128,7 @@ func (qp *QP) drive() {
 		if qp.sq[qp.sqNext%uint64(len(qp.sq))].fail != 0 {
 			break
 		}
-		if qp.cfg.Type == abi.RC && qp.inflight() >= qp.window() {
+		if qp.cfg.Type == abi.RC && (qp.inflight() >= qp.window() || qp.portFull()) {
 			break
 		}
 		w := &qp.sq[qp.sqNext%uint64(len(qp.sq))]
@@ -242,7 +250,7 @@ func (qp *QP) sendRC(w *sendWQE) bool {
 		return qp.sendWhole(w, p)
 	}
 	for {
-		if qp.cfg.Type == abi.RC && qp.inflight() >= qp.window() {
+		if qp.cfg.Type == abi.RC && (qp.inflight() >= qp.window() || qp.portFull()) {
 			return false
 		}
 		off := qp.reqOff

@@ -148,6 +148,9 @@ func (qp *QP) linger(linger time.Duration) {
 	qp.quietTo = now.Add(min(e.lingerQuiet(), linger/2))
 	qp.e.timerSet(qp.killAt)
 	qp.retryAt, qp.rnrAt, qp.nakAt, qp.cc.fastAt = time.Time{}, time.Time{}, time.Time{}, time.Time{}
+	// It sends no more requests: its part of the port's cap and its path
+	// go now.
+	qp.releasePath()
 	qp.inMsg = false
 	qp.stash = nil
 	qp.nakSent, qp.lastPSN = false, qp.ePSN.Add(-1)
