@@ -30,7 +30,14 @@ const (
 	readLargeSize   = 1 << 20
 	readLargeIters  = 10
 	readBurstFactor = 1.2 // packets sent at most this many times those needed
+	readBurstRounds = 3
 )
+
+// readBurstDepths are the send queue depths of taproce's READ runs: the
+// default (perftest's 128 per QP: 8 MiB asked for at once), and the fixed
+// depths a user who knew the VM might choose instead: 1 (the eight QPs'
+// 512 KiB, in flight well within the timeout) and 4.
+var readBurstDepths = []int{0, 1, 4}
 
 // readPackets is how many response packets n READs of size need.
 func readPackets(n, size int) uint64 {
@@ -40,8 +47,13 @@ func readPackets(n, size int) uint64 {
 // TestReadBurst: READs whose responses cross the VM's TAP, each way.
 //
 //   - taproce → rxe: `taproce perf ib_read_bw -q 8 -s 65536 -n 20` against
-//     the VM's server; rxe's READ responses (its sent_pkts) are at most
-//     1.2 times those needed, as issue #26 asks.
+//     the VM's server, at the default send queue depth and at -t 1 and
+//     -t 4, three rounds of the three in turn: at the default depth rxe's
+//     READ responses (its sent_pkts) are at most 1.2 times those needed
+//     in every run, and the goodput is at least 0.9 times the best fixed
+//     depth's of the same round in the median round, as issue #26 asks
+//     (the margin and the rounds as in TestBottleneck, for the VM's slow
+//     spells).
 //   - rxe → taproce: the VM's `ib_read_bw -s 1048576 -n 10` against
 //     `taproce perf`'s server: both exit 0, and the responses taproce
 //     sent and the VM's TAP dropped are logged. Issue #26 asks for no
@@ -53,36 +65,31 @@ func TestReadBurst(t *testing.T) {
 	p, _ := needPeer(t)
 	r := newPerfRig(t, rigConfig{})
 	r.reach(t, p)
-	t.Run("taproce-reads", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		args := fmt.Sprintf("-m %d -q %d -s %d -n %d", readBurstMTU, readBurstQPs, readBurstSize, readBurstIters)
-		vmCmd := "timeout 120 ib_read_bw -d rxe0 -x 1 -F " + args
-		s0 := r.snap()
-		job := p.Spawn(ctx, "readburst-server", withCounters(vmCmd))
-		out, err := r.clientOutput(ctx, append([]string{"ib_read_bw", "--json"}, append(strings.Fields(args), p.IP.String())...)...)
-		s1 := r.settled()
-		code, vmAll, werr := job.Wait(ctx, 2*time.Minute)
-		before, vmOut, after, ok := splitCounters(vmAll)
-		t.Logf("taproce perf ib_read_bw %s:\n%s", args, strings.TrimSpace(string(out)))
-		t.Logf("VM %s (exit %d):\n%s", vmCmd, code, strings.TrimSpace(vmOut))
-		logOurs(t, s0, s1)
-		if err != nil || werr != nil || code != 0 || !ok {
-			t.Fatalf("taproce perf: %v; VM server: exit %d, %v", err, code, werr)
+	var goodputs [][]float64
+	for round := range readBurstRounds {
+		t.Run(fmt.Sprintf("taproce-reads/%d", round+1), func(t *testing.T) {
+			row := make([]float64, len(readBurstDepths))
+			for i, depth := range readBurstDepths {
+				t.Run(depthName(depth), func(t *testing.T) {
+					row[i] = readBurstRun(t, p, r, depth)
+				})
+			}
+			if !t.Failed() {
+				goodputs = append(goodputs, row)
+			}
+		})
+	}
+	if len(goodputs) == readBurstRounds {
+		var ratios []float64
+		for i, row := range goodputs {
+			best := max(row[1], row[2])
+			ratios = append(ratios, row[0]/best)
+			t.Logf("round %d: the default depth %.2f MB/s, the best fixed depth %.2f MB/s: %.2f of it", i+1, row[0], best, ratios[i])
 		}
-		d := after.Sub(before)
-		t.Logf("rxe counters: %v", d)
-		ours, err := parseOurs(string(out))
-		if err != nil || len(ours) != 1 {
-			t.Fatalf("taproce perf's results: %v", err)
+		if m := median(ratios); m < bottleneckMargin {
+			t.Errorf("READ goodput at the default depth %.2f of the best fixed depth's in the median round (%.2f), want ≥ %.1f", m, ratios, bottleneckMargin)
 		}
-		needed := readPackets(readBurstQPs*readBurstIters, readBurstSize)
-		sent := d["sent_pkts"]
-		t.Logf("rxe sent %d packets for %d response packets needed (%.3f×); %.2f MB/s", sent, needed, float64(sent)/float64(needed), ours[0].BW.Avg)
-		if float64(sent) > readBurstFactor*float64(needed) {
-			t.Errorf("rxe sent %d packets for %d needed, more than %.1f×", sent, needed, readBurstFactor)
-		}
-	})
+	}
 	t.Run("rxe-reads", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
@@ -121,4 +128,42 @@ func TestReadBurst(t *testing.T) {
 		drops := vmDropped(s0, s1)
 		t.Logf("taproce sent %d packets for %d response packets needed (%.3f×); the VM's TAP dropped %d", sent, needed, float64(sent)/float64(needed), drops)
 	})
+}
+
+// readBurstRun runs `taproce perf ib_read_bw -q 8` at depth against the
+// VM's server and returns its goodput (MB/s); at the default depth it
+// checks what rxe sent against the packets needed.
+func readBurstRun(t *testing.T, p *Peer, r *perfRig, depth int) float64 {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	args := fmt.Sprintf("-m %d -q %d -s %d -n %d", readBurstMTU, readBurstQPs, readBurstSize, readBurstIters)
+	if depth != 0 {
+		args += fmt.Sprintf(" -t %d", depth)
+	}
+	vmCmd := "timeout 120 ib_read_bw -d rxe0 -x 1 -F " + args
+	s0 := r.snap()
+	job := p.Spawn(ctx, "readburst-server", withCounters(vmCmd))
+	out, err := r.clientOutput(ctx, append([]string{"ib_read_bw", "--json"}, append(strings.Fields(args), p.IP.String())...)...)
+	s1 := r.settled()
+	code, vmAll, werr := job.Wait(ctx, 2*time.Minute)
+	before, vmOut, after, ok := splitCounters(vmAll)
+	t.Logf("taproce perf ib_read_bw %s:\n%s", args, strings.TrimSpace(string(out)))
+	t.Logf("VM %s (exit %d):\n%s", vmCmd, code, strings.TrimSpace(vmOut))
+	logOurs(t, s0, s1)
+	if err != nil || werr != nil || code != 0 || !ok {
+		t.Fatalf("taproce perf: %v; VM server: exit %d, %v", err, code, werr)
+	}
+	d := after.Sub(before)
+	t.Logf("rxe counters: %v", d)
+	ours, err := parseOurs(string(out))
+	if err != nil || len(ours) != 1 {
+		t.Fatalf("taproce perf's results: %v", err)
+	}
+	needed := readPackets(readBurstQPs*readBurstIters, readBurstSize)
+	sent := d["sent_pkts"]
+	t.Logf("depth %s: rxe sent %d packets for %d response packets needed (%.3f×); %.2f MB/s", depthName(depth), sent, needed, float64(sent)/float64(needed), ours[0].BW.Avg)
+	if depth == 0 && float64(sent) > readBurstFactor*float64(needed) {
+		t.Errorf("rxe sent %d packets for %d needed, more than %.1f×", sent, needed, readBurstFactor)
+	}
+	return ours[0].BW.Avg
 }
