@@ -190,6 +190,25 @@ func newPerfRig(t *testing.T, cfg rigConfig) *perfRig {
 	return r
 }
 
+// startServer starts `taproce perf ARGS` as a server writing to out and
+// returns once it listens; the channel gives its exit.
+func (r *perfRig) startServer(ctx context.Context, t *testing.T, out *bytes.Buffer, args ...string) <-chan error {
+	t.Helper()
+	cmd := r.command(ctx, args...)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	if err := waitListening(ctx, perf.DefaultPort); err != nil {
+		cmd.Process.Kill()
+		<-waited
+		t.Fatalf("taproce perf server: %v\n%s", err, out.String())
+	}
+	return waited
+}
+
 // reach fails the test unless the rig's port resolves the VM's MAC within
 // a minute.
 func (r *perfRig) reach(t *testing.T, p *Peer) {
@@ -1096,18 +1115,7 @@ func TestPerftestOptions(t *testing.T) {
 			defer cancel()
 			s0 := r.snap()
 			var ours bytes.Buffer
-			cmd := r.command(ctx, ourArgs...)
-			cmd.Stdout, cmd.Stderr = &ours, &ours
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			waited := make(chan error, 1)
-			go func() { waited <- cmd.Wait() }()
-			if err := waitListening(ctx, perf.DefaultPort); err != nil {
-				cmd.Process.Kill()
-				<-waited
-				t.Fatalf("taproce perf server: %v\n%s", err, ours.String())
-			}
+			waited := r.startServer(ctx, t, &ours, ourArgs...)
 			vmCmd := "timeout 240 " + c.tool + " " + vmArgs + " " + HostIP
 			all, stderr, err := p.Exec(ctx, withCounters(vmCmd))
 			before, vmOut, after, ok := splitCounters(all)

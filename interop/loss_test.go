@@ -263,10 +263,7 @@ func checkLoss(t *testing.T, s0, s1 rigSnap, before, after Counters) *Recovery {
 		rec.RxeLost = d["sent_pkts"] - received
 	}
 	t.Logf("rxe counters: %v", d)
-	t.Logf("taproce: sent %d received %d dropped %d retransmits %d timeouts %d NAKs sent %d received %d RNR NAKs sent %d received %d duplicate requests %d responses %d",
-		b.Sent-a.Sent, received, b.Dropped-a.Dropped, b.Retransmits-a.Retransmits, b.Timeouts-a.Timeouts,
-		b.NAKsSent-a.NAKsSent, b.NAKsReceived-a.NAKsReceived, b.RNRNAKsSent-a.RNRNAKsSent, b.RNRNAKsReceived-a.RNRNAKsReceived,
-		b.DuplicateRequests-a.DuplicateRequests, b.DuplicateResponses-a.DuplicateResponses)
+	logOurs(t, s0, s1)
 	t.Logf("lost: %d frames taproce sent (its port's impairment), %d RoCE packets rxe sent (netem); NAKs on the port's wire: taproce's %v, rxe's %v",
 		rec.TaproceLost, rec.RxeLost, &w.sent, &w.received)
 	for _, k := range lossErrorCounters {

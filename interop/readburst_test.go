@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/taproce/taproce/internal/perf"
 )
 
 // This file measures READ against the emulated VM, whose TAP is the
@@ -102,18 +100,7 @@ func TestReadBurst(t *testing.T) {
 		args := fmt.Sprintf("-m %d -s %d -n %d", readBurstMTU, readLargeSize, readLargeIters)
 		s0 := r.snap()
 		var ours bytes.Buffer
-		cmd := r.command(ctx, append([]string{"ib_read_bw", "--json"}, strings.Fields(args)...)...)
-		cmd.Stdout, cmd.Stderr = &ours, &ours
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		waited := make(chan error, 1)
-		go func() { waited <- cmd.Wait() }()
-		if err := waitListening(ctx, perf.DefaultPort); err != nil {
-			cmd.Process.Kill()
-			<-waited
-			t.Fatalf("taproce perf server: %v\n%s", err, ours.String())
-		}
+		waited := r.startServer(ctx, t, &ours, append([]string{"ib_read_bw", "--json"}, strings.Fields(args)...)...)
 		vmCmd := "timeout 120 ib_read_bw -d rxe0 -x 1 -F " + args + " " + HostIP
 		all, stderr, err := p.Exec(ctx, withCounters(vmCmd))
 		if err != nil {
